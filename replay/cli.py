@@ -202,5 +202,41 @@ def check(url: str, as_json: bool, n_predict: int, n_probs: int, prompt: str | N
     sys.exit(res.exit_code)
 
 
+@main.command()
+@click.option("--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="target GGUF (default: the committed tiny fixture)")
+@click.option("--draft", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="draft GGUF (default: the committed tiny noisy draft)")
+@click.option("--prompt", default="bcdbcbcdbcbcdbc", show_default=True)
+@click.option("--n-predict", default=12, show_default=True)
+@handle_errors
+def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int) -> None:
+    """Start a real speculating llama-server (draft-simple) and audit it.
+
+    Builds llama-server on first use (a few minutes, cached), serves the
+    committed tiny fixtures, and runs `check` against it: the table shows the
+    placeholder logprobs of every token from the speculative loop.
+
+    \b
+    spec-replay demo
+    spec-replay demo --model target.gguf --draft draft.gguf --prompt "Once upon a time"
+    """
+    from .build import ensure_built
+    from .check import check as run_check
+    from .models import tiny_draft, tiny_target
+    from .server import LlamaServer, ServerConfig
+    bins = ensure_built(log=lambda line: click.echo(line, err=True))
+    cfg = ServerConfig(model=model or tiny_target(), draft=draft or tiny_draft(), spec_types=("draft-simple",))
+    with LlamaServer(cfg, binary=bins.server) as srv:
+        click.echo(f"started {bins.build_info} llama-server at {srv.url}: -m {cfg.model.name} -md {cfg.draft.name} "
+                   "--spec-type draft-simple", err=True)
+        res = run_check(srv.url, n_predict=n_predict, prompt=prompt)
+    rows = [[r["index"], r["id"], repr(r["token"]), f"{r['logprob']:.4f}", r["n_top"],
+             "PLACEHOLDER" if r["placeholder"] else "real"] for r in res.tokens]
+    click.echo(tabulate(rows, headers=["#", "id", "token", "logprob", "top", "status"]))
+    click.echo(f"/props speculative.types = {res.props_speculative!r}, /slots speculative = {res.slots_speculative}")
+    click.echo(f"verdict: {res.verdict}")
+
+
 if __name__ == "__main__":
     main()

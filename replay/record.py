@@ -102,7 +102,13 @@ def prompt_token_ids(url: str, endpoint: str, body: dict) -> list[int]:
 
 def server_snapshot(url: str) -> dict:
     """/props and /slots; raises ServerError if this is not a llama.cpp server."""
-    props = get_json(url, "/props")
+    try:
+        props = get_json(url, "/props")
+    except ServerError as e:
+        if e.status is not None:
+            raise ServerError(f"{url} is not a llama.cpp server (GET /props answered HTTP {e.status})",
+                              url=url, status=e.status) from None
+        raise
     if not isinstance(props, dict) or "build_info" not in props:
         raise ServerError(f"{url} is not a llama.cpp server (/props has no build_info)", url=url)
     try:

@@ -1,0 +1,278 @@
+"""The target sampler chain, built from a request the way llama-server builds it.
+
+Mirrors `common_sampler_init` (common/sampling.cpp:191-444, b11434) using
+libllama's own `llama_sampler_*` through ctypes, so every sampler's arithmetic
+is the server's:
+
+    [logit_bias(user biases + EOG biases if ignore_eos + suppress tokens)]   :329-342
+    for s in samplers (default penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature):
+        the matching llama_sampler_init_* (disabled ones are no-ops in libllama)   :344-398
+    dist(seed)                                                                 :400-406
+    (mirostat 1/2: temp + mirostat instead)                                    :407-413
+
+Request fields and defaults follow tools/server/server-schema.cpp:11-516 and
+common/common.h:227-303. The prompt is fed to the chain's history before the
+first sample (server-context.cpp:418-440, `common_sampler_accept(.., false)`).
+
+`Candidates.after_chain()` gives the post-sampling candidate list the server
+reports with `post_sampling_probs` (server-context.cpp:2097-2125): the chain's
+`cur_p`, sorted by p descending when a sampler left it unsorted
+(`common_sampler_get_candidates`, common/sampling.cpp:861-886).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import llama_cpp as L
+import numpy as np
+
+from .errors import TranscriptError
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+# common/common.h:264-274
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+# common/sampling.cpp:959-1049: names, aliases and one-letter codes
+_NAMES = {
+    "dry": "dry", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
+    "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p", "topp": "top_p",
+    "top_n_sigma": "top_n_sigma", "top-n-sigma": "top_n_sigma",
+    "typ_p": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "typical": "typ_p",
+    "min_p": "min_p", "min-p": "min_p", "xtc": "xtc", "temperature": "temperature", "temp": "temperature",
+    "infill": "infill", "penalties": "penalties", "adaptive_p": "adaptive_p", "adaptive-p": "adaptive_p",
+}
+_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+          "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
+
+
+@dataclass
+class SamplingParams:
+    """The sampling fields of one request, with the server's defaults."""
+
+    seed: int = LLAMA_DEFAULT_SEED
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typ_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    penalty_last_n: int = 64
+    penalty_repeat: float = 1.0
+    penalty_freq: float = 0.0
+    penalty_present: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    min_keep: int = 0
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+    logit_bias: list[tuple[Any, float]] = field(default_factory=list)  # (token id or string, bias)
+    ignore_eos: bool = False
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+
+    @classmethod
+    def from_request(cls, endpoint: str, body: dict) -> "SamplingParams":
+        """Read a request body as tools/server/server-schema.cpp does (null = default)."""
+        p = cls()
+        g = lambda k: body.get(k) if body.get(k) is not None else None
+        simple = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "typical_p": "typ_p", "top_n_sigma": "top_n_sigma", "xtc_probability": "xtc_probability",
+                  "xtc_threshold": "xtc_threshold", "dynatemp_range": "dynatemp_range",
+                  "dynatemp_exponent": "dynatemp_exponent", "repeat_last_n": "penalty_last_n",
+                  "repeat_penalty": "penalty_repeat", "frequency_penalty": "penalty_freq",
+                  "presence_penalty": "penalty_present", "dry_multiplier": "dry_multiplier",
+                  "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
+                  "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
+                  "min_keep": "min_keep"}
+        for k, attr in simple.items():
+            v = g(k)
+            if v is not None:
+                setattr(p, attr, type(getattr(p, attr))(v))
+        p.temp = max(p.temp, 0.0)  # server-schema.cpp:116-118
+        if g("dry_base") is not None and float(body["dry_base"]) >= 1.0:
+            p.dry_base = float(body["dry_base"])
+        if g("dry_sequence_breakers") is not None:
+            p.dry_sequence_breakers = tuple(body["dry_sequence_breakers"])
+        if g("seed") is not None:
+            p.seed = int(body["seed"]) & 0xFFFFFFFF
+        if g("ignore_eos") is not None:
+            p.ignore_eos = bool(body["ignore_eos"])
+        if g("post_sampling_probs") is not None:
+            p.post_sampling_probs = bool(body["post_sampling_probs"])
+        p.samplers = parse_samplers(body.get("samplers"))
+        p.logit_bias = parse_logit_bias(body.get("logit_bias"))
+        p.n_probs = requested_n_probs(endpoint, body)
+        return p
+
+
+def requested_n_probs(endpoint: str, body: dict) -> int:
+    """How many alternatives the request asked for.
+
+    /v1/chat/completions: `logprobs: true` means `top_logprobs` (default 20)
+    (tools/server/server-common.cpp:1470-1479); elsewhere `n_probs`, alias `logprobs`.
+    """
+    if endpoint == "/v1/chat/completions":
+        if body.get("logprobs"):
+            v = body.get("top_logprobs")
+            return 20 if v is None else int(v)
+        return int(body.get("n_probs") or 0)
+    v = body.get("n_probs")
+    if v is None:
+        v = body.get("logprobs")
+    if isinstance(v, bool):
+        return 0
+    return int(v or 0)
+
+
+def parse_samplers(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return DEFAULT_SAMPLERS
+    if isinstance(v, str) and ";" in v:
+        v = v.split(";")
+    if isinstance(v, str):
+        return tuple(_CHARS[c] for c in v if c in _CHARS)
+    if isinstance(v, list):
+        return tuple(_NAMES[n] for n in v if isinstance(n, str) and n in _NAMES)
+    raise TranscriptError(f"\"samplers\" must be a list of names or a string, got {type(v).__name__}")
+
+
+def parse_logit_bias(v: Any) -> list[tuple[Any, float]]:
+    """`[[tok|string, bias|false], ...]` or `{"tok"|"string": bias}` (server-schema.cpp:434-473)."""
+    if not v:
+        return []
+    items = v.items() if isinstance(v, dict) else v
+    out = []
+    for item in items:
+        tok, bias = item
+        if bias is False:
+            bias = -math.inf
+        if isinstance(tok, str) and tok.lstrip("-").isdigit() and isinstance(v, dict):
+            tok = int(tok)
+        out.append((tok, float(bias)))
+    return out
+
+
+class SamplerChain:
+    """A libllama sampler chain built like common_sampler_init, with its own history."""
+
+    def __init__(self, model, params: SamplingParams):
+        self.params = params
+        self.model = model
+        cp = L.llama_sampler_chain_default_params()
+        cp.no_perf = True
+        self._chain = L.llama_sampler_chain_init(cp)
+        vocab, n_vocab = model.vocab, model.n_vocab
+        add = lambda s: L.llama_sampler_chain_add(self._chain, s)
+
+        biases: list[tuple[int, float]] = []
+        for tok, bias in params.logit_bias:
+            if isinstance(tok, str):
+                biases += [(t, bias) for t in model.tokenize(tok, add_special=False, parse_special=False)]
+            else:
+                biases.append((int(tok), bias))
+        if params.ignore_eos:
+            biases += [(t, -math.inf) for t in range(n_vocab) if model.is_eog(t)]
+        n_sup = ctypes.c_int32(0)
+        sup = L.llama_vocab_get_suppress_tokens(vocab, ctypes.byref(n_sup))
+        biases += [(sup[i], -math.inf) for i in range(n_sup.value)]
+        if biases:
+            arr = (L.llama_logit_bias * len(biases))(*[L.llama_logit_bias(t, b) for t, b in biases])
+            add(L.llama_sampler_init_logit_bias(n_vocab, len(biases), arr))
+
+        s = params
+        if s.mirostat == 0:
+            adaptive = False
+            for name in s.samplers:
+                if name == "dry":
+                    brk = [b.encode() for b in s.dry_sequence_breakers]
+                    c_brk = (ctypes.c_char_p * len(brk))(*brk)
+                    add(L.llama_sampler_init_dry(vocab, s.dry_multiplier, s.dry_base, s.dry_allowed_length,
+                                                 s.dry_penalty_last_n, c_brk, len(brk)))
+                elif name == "top_k":
+                    add(L.llama_sampler_init_top_k(s.top_k))
+                elif name == "top_p":
+                    add(L.llama_sampler_init_top_p(s.top_p, s.min_keep))
+                elif name == "top_n_sigma":
+                    add(L.llama_sampler_init_top_n_sigma(s.top_n_sigma))
+                elif name == "min_p":
+                    add(L.llama_sampler_init_min_p(s.min_p, s.min_keep))
+                elif name == "xtc":
+                    add(L.llama_sampler_init_xtc(s.xtc_probability, s.xtc_threshold, s.min_keep, s.seed))
+                elif name == "typ_p":
+                    add(L.llama_sampler_init_typical(s.typ_p, s.min_keep))
+                elif name == "temperature":
+                    add(L.llama_sampler_init_temp_ext(s.temp, s.dynatemp_range, s.dynatemp_exponent))
+                elif name == "infill":
+                    add(L.llama_sampler_init_infill(vocab))
+                elif name == "penalties":
+                    add(L.llama_sampler_init_penalties(n_vocab, s.penalty_last_n, s.penalty_repeat, s.penalty_freq,
+                                                       s.penalty_present))
+                elif name == "adaptive_p":
+                    adaptive = True
+            if adaptive:
+                raise TranscriptError("the adaptive-p sampler is not supported for replay")
+            add(L.llama_sampler_init_dist(s.seed))
+        elif s.mirostat == 1:
+            add(L.llama_sampler_init_temp(s.temp))
+            add(L.llama_sampler_init_mirostat(n_vocab, s.seed, s.mirostat_tau, s.mirostat_eta, 100))
+        else:
+            add(L.llama_sampler_init_temp(s.temp))
+            add(L.llama_sampler_init_mirostat_v2(s.seed, s.mirostat_tau, s.mirostat_eta))
+        self._buf = np.empty(n_vocab, dtype=TOKEN_DATA)
+        self._buf["id"] = np.arange(n_vocab, dtype=np.int32)
+
+    def accept(self, token: int) -> None:
+        """common_sampler_accept: the chain's history (penalties, DRY) gets `token`."""
+        L.llama_sampler_accept(self._chain, token)
+
+    def accept_prompt(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.accept(t)
+
+    def apply(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """Run the chain over raw logits; return (candidates after the chain, selected index).
+
+        The candidate array is a copy (structured TOKEN_DATA), sorted by p
+        descending if the chain left it unsorted, as get_candidates(sorted=true) does.
+        """
+        buf = self._buf
+        buf["id"] = np.arange(len(buf), dtype=np.int32)
+        buf["logit"] = logits
+        buf["p"] = 0.0
+        arr = L.llama_token_data_array(
+            data=buf.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), size=len(buf), selected=-1, sorted=False)
+        L.llama_sampler_apply(self._chain, ctypes.byref(arr))
+        n = int(arr.size)
+        addr = ctypes.cast(arr.data, ctypes.c_void_p).value
+        view = np.frombuffer((ctypes.c_char * (n * TOKEN_DATA.itemsize)).from_address(addr), dtype=TOKEN_DATA)
+        cands = view.copy()
+        selected = int(arr.selected)
+        if not arr.sorted:
+            sel_id = int(cands["id"][selected]) if 0 <= selected < n else None
+            order = np.argsort(-cands["p"], kind="stable")
+            cands = cands[order]
+            if sel_id is not None:
+                selected = int(np.nonzero(cands["id"] == sel_id)[0][0])
+        return cands, selected
+
+    def close(self) -> None:
+        if self._chain is not None:
+            L.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self):
+        self.close()

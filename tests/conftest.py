@@ -1,0 +1,56 @@
+"""Shared fixtures: the real llama.cpp build, SmolLM2, and live servers.
+
+Everything heavy is built or fetched once into ~/.cache/spec-replay (or
+$SPEC_REPLAY_CACHE) on first use, so a fresh machine needs nothing beyond
+`scripts/setup`. Servers are session-scoped and always stopped.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from replay import models
+from replay.build import BuildSpec, ensure_built
+from replay.server import LlamaServer, ServerConfig
+
+os.environ.setdefault("SPEC_REPLAY_TESTING", "1")
+
+
+@pytest.fixture(scope="session")
+def b11434():
+    """The real b11434 llama-server, llama-speculative and llama-quantize."""
+    return ensure_built(BuildSpec("b11434"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return models.smollm2()
+
+
+@pytest.fixture(scope="session")
+def smollm2_draft(b11434) -> Path:
+    return models.smollm2_draft(b11434.quantize)
+
+
+def _server(binaries, config: ServerConfig):
+    srv = LlamaServer(config, binary=binaries.server)
+    srv.start()
+    return srv
+
+
+@pytest.fixture(scope="session")
+def plain_server(b11434, smollm2):
+    """SmolLM2 without speculation: the reference for real probabilities."""
+    srv = _server(b11434, ServerConfig(model=smollm2))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def self_draft_server(b11434, smollm2):
+    """SmolLM2 as its own draft (draft-simple): every token after the first is speculative."""
+    srv = _server(b11434, ServerConfig(model=smollm2, draft=smollm2, spec_types=("draft-simple",)))
+    yield srv
+    srv.stop()

@@ -1,0 +1,152 @@
+"""`spec-replay check` and `record` against real servers, and their failure modes.
+
+check: exit 1 on the speculating server (placeholders), 0 on the plain one,
+and it names the /props vs /slots contradiction. record: every bad input is a
+one-line error with a non-zero exit, and nothing of the user's is lost.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from replay.cli import main
+from replay.server import free_port
+
+CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "logprobs": True, "top_logprobs": 2,
+        "temperature": 0, "seed": 3, "max_tokens": 8}
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def one_error_line(result) -> str:
+    lines = [l for l in result.output.splitlines() if l.startswith("Error:")]
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+# -- check ------------------------------------------------------------------
+
+@pytest.mark.live_server
+def test_check_finds_placeholders_on_the_speculating_server(self_draft_server):
+    r = run("check", self_draft_server.url, "--json")
+    assert r.exit_code == 1, r.output
+    report = json.loads(r.output)
+    assert report["contradiction"] is True
+    assert report["props_speculative"] == "none" and report["slots_speculative"] == [True]
+    assert report["draft_n"] > 0
+    assert not report["tokens"][0]["placeholder"]
+    assert all(t["placeholder"] for t in report["tokens"][1:])
+
+
+@pytest.mark.live_server
+def test_check_passes_the_plain_server(plain_server):
+    r = run("check", plain_server.url)
+    assert r.exit_code == 0, r.output
+    assert "all 48 tokens carry real probabilities" in r.output
+    assert "warning" not in r.output
+
+
+@pytest.mark.live_server
+def test_check_table_names_the_contradiction(self_draft_server):
+    r = run("check", self_draft_server.url)
+    assert r.exit_code == 1
+    assert "/props says speculation is off but /slots says it is on" in r.output
+    assert "PLACEHOLDER" in r.output
+
+
+def test_check_unreachable_is_cannot_tell():
+    r = run("check", f"http://127.0.0.1:{free_port()}")
+    assert r.exit_code == 2
+    assert "cannot reach" in r.output
+
+
+# -- record -----------------------------------------------------------------
+
+@pytest.mark.live_server
+def test_record_writes_a_transcript(self_draft_server, tmp_path):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(CHAT))
+    out = tmp_path / "t.json"
+    r = run("record", self_draft_server.url, "-r", req, "-o", out, "--spec-type", "draft-simple",
+            "--draft-model", "draft.gguf")
+    assert r.exit_code == 0, r.output
+    t = json.loads(out.read_text())
+    assert t["format"] == "spec-replay-transcript" and t["version"] == 1
+    assert t["server"]["speculative"]["types"] == ["draft-simple"]
+    assert t["server"]["slots"][0]["speculative"] is True
+    assert t["response"]["choices"][0]["logprobs"]["content"]
+
+
+@pytest.mark.live_server
+def test_record_refuses_to_overwrite(self_draft_server, tmp_path):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(CHAT))
+    out = tmp_path / "t.json"
+    out.write_text("precious")
+    r = run("record", self_draft_server.url, "-r", req, "-o", out)
+    assert r.exit_code != 0
+    assert "exists; use --force" in one_error_line(r)
+    assert out.read_text() == "precious"
+
+
+@pytest.mark.live_server
+def test_record_refuses_a_request_without_seed(self_draft_server, tmp_path):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({k: v for k, v in CHAT.items() if k != "seed"}))
+    out = tmp_path / "t.json"
+    r = run("record", self_draft_server.url, "-r", req, "-o", out)
+    assert r.exit_code != 0
+    assert "no fixed seed" in one_error_line(r)
+    assert not out.exists()
+
+
+@pytest.mark.live_server
+def test_record_jsonl_reports_a_bad_line_and_keeps_going(self_draft_server, tmp_path):
+    reqs = tmp_path / "reqs.jsonl"
+    reqs.write_text(json.dumps(CHAT) + "\n{not json\n" + json.dumps({**CHAT, "seed": 4}) + "\n")
+    out = tmp_path / "runs.jsonl"
+    r = run("record", self_draft_server.url, "--requests", reqs, "-o", out)
+    assert r.exit_code == 1
+    assert "line 2: invalid JSON" in one_error_line(r)
+    lines = out.read_text().splitlines()
+    assert [json.loads(l)["request"]["seed"] for l in lines] == [3, 4]
+
+
+def test_record_unreachable_url(tmp_path):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(CHAT))
+    r = run("record", f"http://127.0.0.1:{free_port()}", "-r", req, "-o", tmp_path / "t.json")
+    assert r.exit_code != 0
+    assert "cannot reach" in one_error_line(r)
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.fixture
+def not_llama_server(tmp_path):
+    """A plain static HTTP server: answers, but is not llama.cpp."""
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **k)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_record_non_llama_server(not_llama_server, tmp_path):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps(CHAT))
+    r = run("record", not_llama_server, "-r", req, "-o", tmp_path / "t.json")
+    assert r.exit_code != 0
+    assert "is not a llama.cpp server" in one_error_line(r)
+
+
+def test_check_non_llama_server(not_llama_server):
+    r = run("check", not_llama_server)
+    assert r.exit_code == 2
+    assert "is not a llama.cpp server" in r.output

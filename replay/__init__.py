@@ -1,2 +1,13 @@
-"""spec-replay: tell the truth about llama.cpp's speculative decoding."""
+"""spec-replay: tell the truth about llama.cpp's speculative decoding.
+
+    import replay
+    res = replay.recover("run.json", model="target.gguf")   # see replay.recovery.recover
+"""
 __version__ = "0.1.0"
+
+
+def __getattr__(name):  # lazy: importing the package must not load libllama
+    if name == "recover":
+        from .recovery import recover
+        return recover
+    raise AttributeError(name)

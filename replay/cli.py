@@ -202,6 +202,136 @@ def check(url: str, as_json: bool, n_predict: int, n_probs: int, prompt: str | N
     sys.exit(res.exit_code)
 
 
+def _recover_options(fn):
+    opts = [
+        click.argument("transcript", type=click.Path(dir_okay=False)),
+        click.option("-m", "--model", required=True, type=click.Path(dir_okay=False),
+                     help="the target GGUF the server ran (-m)"),
+        click.option("--request", "request_file", type=click.Path(dir_okay=False),
+                     help="the request body, for a transcript that is a bare response"),
+        click.option("--report", "report_file", type=click.Path(dir_okay=False),
+                     help="also write the per-token report as JSON"),
+        click.option("--tolerance", default=5e-4, show_default=True,
+                     help="max |server - true| logprob for a real value to count as ok"),
+        click.option("-c", "--ctx-size", type=int, help="the server's -c (default: the transcript's /props, else 2048)"),
+        click.option("-b", "--batch-size", default=2048, show_default=True, help="the server's -b"),
+        click.option("-ub", "--ubatch-size", default=512, show_default=True, help="the server's -ub"),
+        click.option("-fa", "--flash-attn", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"])),
+        click.option("-t", "--threads", default=2, show_default=True),
+        click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
+        click.option("--force", is_flag=True, help="overwrite existing output/report files"),
+        click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
+                 threads, verbose):
+    from .errors import ModelError, TranscriptError
+    from .llama import set_verbose
+    from .models import check_gguf
+    from .recovery import ContextOptions, recover
+    set_verbose(verbose)
+    if not Path(transcript).is_file():
+        raise TranscriptError("file not found", source=transcript)
+    check_gguf(model)
+    request = None
+    if request_file:
+        try:
+            request = json.loads(_read(request_file))
+        except ValueError as e:
+            raise TranscriptError(f"invalid JSON ({e})", source=request_file) from None
+        if not isinstance(request, dict):
+            raise TranscriptError("the request must be a JSON object", source=request_file)
+    opts = ContextOptions(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, flash_attn=flash_attn,
+                          threads=threads)
+    with click.progressbar(length=1, label="recovering", file=sys.stderr, show_eta=False) as bar:
+        def progress(done, total):
+            bar.length = total
+            bar.update(done - bar.pos)
+        return recover(transcript, model, request=request, tolerance=tolerance, context=opts, progress=progress)
+
+
+def _show(res, as_json: bool, changed_only: bool) -> None:
+    from .report import summary_table, token_table
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+        return
+    if len(res.records) == 1:
+        click.echo(token_table(res.records[0], only_changed=changed_only))
+        click.echo()
+    click.echo(summary_table(res))
+
+
+@main.command()
+@_recover_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="where to write the repaired transcript")
+@click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
+@handle_errors
+def recover(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
+            flash_attn, threads, as_json, force, verbose, output, in_place) -> None:
+    """Recover the real logprobs of a recorded transcript and write a repaired copy.
+
+    Replays the target model in-process with the server's decode schedule and
+    puts the true values (and top-N alternatives) where the server sent
+    placeholders or nothing, in the same file shape: a stream stays a stream,
+    JSONL stays JSONL, every other field is kept. Values the server really
+    sent are left as they were and checked.
+
+    \b
+    spec-replay recover run.json -m SmolLM2-135M-Instruct.Q4_1.gguf -o run.fixed.json
+    spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --report report.json
+    spec-replay recover response.json --request request.json -m target.gguf --in-place
+    """
+    from .fileio import write_atomic
+    from .errors import OutputExistsError
+    if bool(output) == bool(in_place):
+        raise click.UsageError("give exactly one of -o/--output and --in-place")
+    out = Path(transcript) if in_place else Path(output)
+    if not in_place and out.exists() and not force:
+        raise OutputExistsError(f"{out} exists; use --force to overwrite it")
+    if report_file and Path(report_file).exists() and not force:
+        raise OutputExistsError(f"{report_file} exists; use --force to overwrite it")
+    res = _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
+                       threads, verbose)
+    write_atomic(out, res.repaired, force=force or in_place)
+    if report_file:
+        write_atomic(report_file, json.dumps(res.to_json(), indent=2) + "\n", force=force)
+    _show(res, as_json, changed_only=False)
+    s = res.summary()
+    click.echo(f"wrote {out}: {s['counts']['placeholder']} placeholder and {s['counts']['missing']} missing "
+               f"value(s) recovered in {s['records']} record(s)", err=True)
+    reason = res.failure()
+    if reason:
+        click.echo(f"Error: {reason}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@_recover_options
+@handle_errors
+def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
+         flash_attn, threads, as_json, force, verbose) -> None:
+    """Compare what the server sent with the true probabilities; write nothing.
+
+    \b
+    spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
+    spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
+    """
+    from .fileio import write_atomic
+    res = _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
+                       threads, verbose)
+    if report_file:
+        write_atomic(report_file, json.dumps(res.to_json(), indent=2) + "\n", force=force)
+    _show(res, as_json, changed_only=False)
+    reason = res.failure()
+    if reason:
+        click.echo(f"Error: {reason}", err=True)
+        sys.exit(1)
+
+
 @main.command()
 @click.option("--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="target GGUF (default: the committed tiny fixture)")

@@ -1,0 +1,318 @@
+"""Read every transcript shape users have into `Record`s.
+
+A file holds one of:
+
+    our transcript            {"format": "spec-replay-transcript", ...}     (JSON, or JSONL of them)
+    a request/response pair   {"request": {...}, "response": <body | [chunks] | "data: ...">}
+    a bare response           a body, a list of SSE chunk objects, or SSE text (`data:` lines),
+                              with the request given separately (--request FILE)
+
+and responses come from `/v1/chat/completions`, `/v1/completions` or `/completion`,
+non-stream or stream, including OpenAI-SDK `model_dump_json()` dumps (which add
+null-valued fields the server never sent). Detection looks at the structure,
+never at the file name; whatever cannot be read raises TranscriptError naming
+the file, the record and why.
+
+A Record keeps references into the parsed objects, so the repair step can
+write values back and re-serialise the file in its own shape.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import TranscriptError
+from .transcript import FORMAT, VERSION
+
+CHAT, CMPL, NATIVE = "/v1/chat/completions", "/v1/completions", "/completion"
+
+
+@dataclass
+class Record:
+    """One request and its response, normalised."""
+
+    source: str
+    index: int  # 1-based record number within the file
+    endpoint: str
+    request: dict
+    stream: bool
+    response: dict | None = None  # non-stream body (the very object inside `container`)
+    events: list[Any] | None = None  # stream chunks: dicts, or "[DONE]" strings
+    prompt_ids: list[int] | None = None
+    build_info: str | None = None
+    speculative: dict | None = None
+    container: Any = None  # what to re-serialise: the transcript / pair / bare object
+    events_as: str = "objects"  # how events are stored in the container: objects | strings | sse-text
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}, record {self.index}"
+
+    def chunks(self) -> list[dict]:
+        return [e for e in (self.events or []) if isinstance(e, dict)]
+
+    def final(self) -> dict | None:
+        """The object carrying usage/timings."""
+        if not self.stream:
+            return self.response
+        for e in reversed(self.chunks()):
+            if "usage" in e and e["usage"] or "timings" in e or "tokens_evaluated" in e:
+                return e
+        return None
+
+
+# --- file level ----------------------------------------------------------------
+
+def read_file(path: Path | str, request: dict | None = None) -> list[Record]:
+    """Every record in a file; `request` pairs with a bare response."""
+    src = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise TranscriptError(f"cannot read: {e.strerror}", source=src) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TranscriptError(f"not UTF-8 text (byte {e.start})", source=src) from None
+    return read_text(text, src, request)
+
+
+def read_text(text: str, source: str, request: dict | None = None) -> list[Record]:
+    stripped = text.lstrip()
+    if not stripped:
+        raise TranscriptError("the file is empty", source=source)
+    if stripped.startswith("data:") or stripped.startswith(":"):
+        return [_record(parse_sse_text(text, source), source, 1, request, events_as="sse-text")]
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as whole:
+        lines = [l for l in text.splitlines() if l.strip()]
+        if len(lines) <= 1:
+            raise TranscriptError(f"invalid JSON ({_why(whole)})", source=source) from None
+        out = []
+        for n, line in enumerate(lines, start=1):
+            try:
+                item = json.loads(line, parse_constant=_reject_constant)
+            except ValueError as e:
+                raise TranscriptError(f"line {n}: invalid JSON ({_why(e)})", source=source) from None
+            out.append(_record(item, source, n, request))
+        return out
+    return [_record(obj, source, 1, request)]
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _why(e: ValueError) -> str:
+    return f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+
+
+def parse_sse_text(text: str, source: str) -> list[Any]:
+    """The `data:` payloads of SSE text, decoded; `[DONE]` kept as a string."""
+    events: list[Any] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            events.append("[DONE]")
+            continue
+        try:
+            events.append(json.loads(payload, parse_constant=_reject_constant))
+        except ValueError as e:
+            raise TranscriptError(f"SSE line {n}: invalid JSON in data: ({_why(e)})", source=source) from None
+    if not events:
+        raise TranscriptError("no SSE data: lines", source=source)
+    return events
+
+
+# --- record level --------------------------------------------------------------
+
+def _record(obj: Any, source: str, index: int, request: dict | None, events_as: str = "objects") -> Record:
+    def fail(msg: str) -> TranscriptError:
+        return TranscriptError(msg, source=source, record=index)
+
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        return _from_transcript(obj, source, index, fail)
+    if isinstance(obj, dict) and "request" in obj and "response" in obj:
+        req = obj["request"]
+        if not isinstance(req, dict):
+            raise fail("\"request\" must be a JSON object")
+        resp = obj["response"]
+        ev_as = "objects"
+        if isinstance(resp, str):
+            resp, ev_as = parse_sse_text(resp, source), "sse-text"
+        rec = _from_response(resp, req, obj.get("endpoint"), source, index, fail)
+        rec.container, rec.events_as = obj, ev_as
+        rec.prompt_ids = _ids(obj.get("prompt_tokens"), fail, "prompt_tokens")
+        return rec
+    if request is None:
+        if isinstance(obj, (dict, list)) and _looks_like_response(obj):
+            raise fail("a bare response: give the request that produced it with --request FILE")
+        raise fail("unknown shape: not a spec-replay transcript, a {\"request\", \"response\"} pair, "
+                   "or a chat/completions response")
+    rec = _from_response(obj, request, None, source, index, fail)
+    rec.container, rec.events_as = obj, events_as
+    return rec
+
+
+def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
+    if t.get("version") != VERSION:
+        raise fail(f"transcript version {t.get('version')!r} is not supported (this spec-replay reads {VERSION})")
+    req = t.get("request")
+    if not isinstance(req, dict):
+        raise fail("transcript has no \"request\" object")
+    if t.get("stream"):
+        evs = t.get("events")
+        if not isinstance(evs, list) or not all(isinstance(e, str) for e in evs):
+            raise fail("stream transcript has no \"events\" list of strings")
+        decoded: list[Any] = []
+        for k, e in enumerate(evs):
+            if e.strip() == "[DONE]":
+                decoded.append("[DONE]")
+                continue
+            try:
+                decoded.append(json.loads(e, parse_constant=_reject_constant))
+            except ValueError as err:
+                raise fail(f"event {k}: invalid JSON ({_why(err)})") from None
+        resp: Any = decoded
+    else:
+        resp = t.get("response")
+    rec = _from_response(resp, req, t.get("endpoint"), source, index, fail)
+    rec.container, rec.events_as = t, ("strings" if rec.stream else "objects")
+    rec.prompt_ids = _ids(t.get("prompt_tokens"), fail, "prompt_tokens")
+    server = t.get("server") or {}
+    rec.build_info = server.get("build_info")
+    rec.speculative = server.get("speculative")
+    return rec
+
+
+def _ids(v: Any, fail, name: str) -> list[int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise fail(f"\"{name}\" must be a list of non-negative token ids")
+    return list(v)
+
+
+def _looks_like_response(obj: Any) -> bool:
+    if isinstance(obj, list):
+        return bool(obj) and all(isinstance(e, (dict, str)) for e in obj)
+    return any(k in obj for k in ("choices", "completion_probabilities", "content", "tokens_predicted"))
+
+
+def detect_endpoint(resp: Any, request: dict, hint: str | None) -> str | None:
+    if hint in (CHAT, CMPL, NATIVE):
+        return hint
+    first = resp if isinstance(resp, dict) else next((e for e in resp if isinstance(e, dict)), {}) if isinstance(resp, list) else {}
+    obj = first.get("object") if isinstance(first, dict) else None
+    if obj in ("chat.completion", "chat.completion.chunk"):
+        return CHAT
+    if obj == "text_completion":
+        return CMPL
+    if isinstance(first, dict) and any(k in first for k in ("completion_probabilities", "tokens_predicted", "content", "stop")):
+        return NATIVE
+    if "messages" in request:
+        return CHAT
+    return None
+
+
+def _from_response(resp: Any, request: dict, hint: str | None, source: str, index: int, fail) -> Record:
+    if resp is None:
+        raise fail("the response is missing (null)")
+    if not isinstance(resp, (dict, list)):
+        raise fail(f"the response must be a JSON object or a list of stream chunks, got {type(resp).__name__}")
+    endpoint = detect_endpoint(resp, request, hint)
+    if endpoint is None:
+        raise fail("unknown response shape: not from /v1/chat/completions, /v1/completions or /completion")
+    if isinstance(resp, dict) and "error" in resp and not resp.get("choices") and "content" not in resp:
+        raise fail(f"the server answered an error: {str(resp['error'])[:200]}")
+    if isinstance(resp, list):
+        for k, e in enumerate(resp):
+            if not (isinstance(e, dict) or e == "[DONE]"):
+                raise fail(f"stream chunk {k} is not a JSON object")
+            if isinstance(e, dict) and "error" in e:
+                raise fail(f"stream chunk {k} is an error: {str(e['error'])[:200]}")
+        rec = Record(source, index, endpoint, request, True, events=resp)
+        _check_stream_complete(rec, fail)
+    else:
+        rec = Record(source, index, endpoint, request, False, response=resp)
+        _check_body(rec, fail)
+    return rec
+
+
+def _check_body(rec: Record, fail) -> None:
+    r = rec.response
+    assert r is not None
+    if rec.endpoint == NATIVE:
+        if not isinstance(r.get("content", ""), str):
+            raise fail("\"content\" must be a string")
+        entries = r.get("completion_probabilities")
+    else:
+        ch = r.get("choices")
+        if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+            raise fail("the response has no choices")
+        if len(ch) > 1:
+            raise fail(f"{len(ch)} choices in one response: record them as separate requests (n=1)")
+        lp = ch[0].get("logprobs")
+        if lp is not None and not isinstance(lp, dict):
+            raise fail("choices[0].logprobs must be an object (the server's chat-style logprobs)")
+        entries = (lp or {}).get("content")
+    if entries is not None:
+        if not isinstance(entries, list):
+            raise fail("the probability list must be a list")
+        for k, e in enumerate(entries):
+            _check_entry(e, fail, f"token {k}")
+
+
+def _check_stream_complete(rec: Record, fail) -> None:
+    chunks = rec.chunks()
+    if not chunks:
+        raise fail("the stream has no chunks")
+    for k, c in enumerate(chunks):
+        for e in _chunk_entries(rec.endpoint, c):
+            _check_entry(e, fail, f"chunk {k}")
+    last = chunks[-1]
+    if rec.endpoint == NATIVE:
+        ended = last.get("stop") is True
+    else:
+        choices = last.get("choices") or []
+        ended = any(isinstance(c, dict) and c.get("finish_reason") for c in choices) or \
+            any(isinstance(c, dict) and any(isinstance(x, dict) and x.get("finish_reason") for x in c.get("choices") or []) for c in chunks[-2:])
+    if not ended:
+        raise fail("the stream is truncated: its last chunk does not finish the response")
+
+
+def _chunk_entries(endpoint: str, c: dict) -> list:
+    if endpoint == NATIVE:
+        v = c.get("completion_probabilities")
+        return v if isinstance(v, list) else []
+    ch = c.get("choices")
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        return []
+    lp = ch[0].get("logprobs")
+    if not isinstance(lp, dict):
+        return []
+    v = lp.get("content")
+    return v if isinstance(v, list) else []
+
+
+def _check_entry(e: Any, fail, where: str) -> None:
+    if not isinstance(e, dict):
+        raise fail(f"{where}: a probability entry must be an object")
+    tid = e.get("id")
+    if tid is not None and (not isinstance(tid, int) or isinstance(tid, bool) or tid < 0):
+        raise fail(f"{where}: token id {tid!r} is not a non-negative integer")
+    for key in ("logprob", "prob"):
+        if key in e:
+            v = e[key]
+            if v is None and key == "logprob":
+                continue  # SDK dumps can carry nulls
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
+                raise fail(f"{where}: {key} {v!r} is not a number")
+    if "logprob" not in e and "prob" not in e:
+        raise fail(f"{where}: a probability entry has neither logprob nor prob")

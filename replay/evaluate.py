@@ -4,14 +4,17 @@ Why the schedule matters (shared/reference/NUMERICS.md): on CPU the matmul kerne
 depends on the batch's row count, so teacher-forcing prompt + completion in one
 big batch shifts SmolLM2's logprobs by up to 0.2 nats. llama-server evaluates the
 prompt in sub-batches of n_batch with logits only at the last prompt token
-(server-context.cpp:3781-3874), then generated tokens in small batches; replaying
-exactly that (prompt batch, then completion tokens in chunks of `chunk` rows)
-reproduces its logits. tests/test_recover_live.py measures this on every run.
+(server-context.cpp:3781-3874), then one generated token per decode when it
+does not speculate. Replaying exactly that reproduces its logits.
 
-Alignment, row by row (row i of a chunk scores the token after it):
-
-    batch        [p0 p1 ... pP-1] | [c0 c1 c2 ... c15] | [c16 ...]
-    logits used            pP-1 -> c0 | c0 -> c1, ..., c15 -> c16 | ...
+Measured here (tests/test_recover_live.py), SmolLM2 on the b11434 CPU build:
+decoding generated tokens in chunks of 16 gives the one-per-decode logits
+exactly while the KV window is one 256-cell block (libllama pads it to 256,
+`get_n_kv`, src/llama-kv-cache.cpp:1285-1290), but once positions pass 256 the
+chunked batches drift (up to 0.24 nats on a 2,000-token transcript, from token
+253 on) even with chunks cut at the 256 boundary. So the default is `chunk=1`,
+the unspeculated server's own schedule; larger chunks are an opt-in speed knob
+that stays inside one 256-cell window per chunk.
 
 Memory stays flat: one logits row is alive at a time, never an N x vocab array.
 """
@@ -25,6 +28,9 @@ import numpy as np
 from .errors import ModelError, TranscriptError
 from .llama import Context, Model
 from .sampling import SamplerChain, SamplingParams
+
+
+KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +113,7 @@ class PieceIndex:
         return np.array([t for t in ids if data.startswith(self.pieces[t])], dtype=np.int64)
 
 
-def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 16,
+def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
          pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
     """Yield (index, token id, plan item, logits that scored it) for every generated token.
 
@@ -167,7 +173,8 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
             yield index, run[k].id, run[k], pending
             index += 1
             # decode run[k : k+chunk]; their rows score run[k+1 : k+chunk+1]
-            part = [kn.id for kn in run[k:k + chunk]]
+            room = KV_PAD - pos % KV_PAD  # stay inside one 256-cell KV window (module docstring)
+            part = [kn.id for kn in run[k:k + min(chunk, room)]]
             last_needed = (k + len(part) < len(run)) or more_after
             if not last_needed and len(part) == 1:
                 k += 1
@@ -204,7 +211,7 @@ def _check_room(ctx: Context, n: int) -> None:
 
 
 def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
-           n_top: int, *, post: bool, chunk: int = 16, pieces: PieceIndex | None = None) -> Iterator[Truth]:
+           n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each

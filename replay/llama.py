@@ -203,7 +203,7 @@ class Context:
         if not ptr:
             raise ModelError(f"libllama could not create a context (n_ctx={n_ctx}) for {model.path}")
         self._ptr = ptr
-        self.n_ctx = int(L.llama_n_ctx(ptr))
+        self.n_ctx = min(n_ctx, int(L.llama_n_ctx(ptr)))  # libllama may round up; the limit is what was asked
         self.n_batch = n_batch
         self.n_vocab = model.n_vocab
         self._batch = Batch(n_batch)

@@ -95,7 +95,7 @@ class ContextOptions:
     type_k: str = "f16"
     type_v: str = "f16"
     threads: int = 2
-    chunk: int = 16  # generated tokens per decode call (see evaluate.py)
+    chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
 
 
 def _n_ctx_of(rec: Record, opts: ContextOptions) -> int:
@@ -161,7 +161,7 @@ class Recoverer:
                 tid, b = t.get("id"), t.get("bytes")
                 if isinstance(tid, int) and isinstance(b, list):
                     if bytes(b) != self.piece(tid):
-                        raise ModelError(f"{rec.where}: token {tid} is {bytes(b)!r} in the transcript but "
+                        raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
                                          f"{self.piece(tid)!r} in {self.model.path.name}: the transcript comes "
                                          "from another model")
                     checked += 1
@@ -169,6 +169,18 @@ class Recoverer:
                     return
 
     def recover(self, rec: Record) -> RecordReport:
+        """Recover one record; every error names the file and record."""
+        try:
+            return self._recover(rec)
+        except ModelError as e:
+            msg = str(e)
+            raise ModelError(msg if msg.startswith(rec.where) else f"{rec.where}: {msg}") from None
+        except TranscriptError as e:
+            if e.source is not None:
+                raise
+            raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
+
+    def _recover(self, rec: Record) -> RecordReport:
         post = bool(rec.request.get("post_sampling_probs"))
         n_probs = requested_n_probs(rec.endpoint, rec.request)
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
@@ -176,10 +188,7 @@ class Recoverer:
             params = SamplingParams.from_request(rec.endpoint, rec.request)
         except (TypeError, ValueError, KeyError) as e:
             raise TranscriptError(f"unreadable sampling parameters ({e})", source=rec.source, record=rec.index) from None
-        try:
-            plan = build_plan(rec, self.piece)
-        except TranscriptError as e:
-            raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
+        plan = build_plan(rec, self.piece)
         self.check_vocab(rec, plan)
         prompt = self.prompt_ids(rec)
         for t in prompt:
@@ -201,10 +210,6 @@ class Recoverer:
         except Unaligned as e:
             rep.error = str(e)
             rep.tokens.append(TokenReport(e.index, None, "", None, None, "unaligned", [], note=str(e)))
-        except ModelError as e:
-            raise ModelError(f"{rec.where}: {e}") from None
-        except TranscriptError as e:
-            raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
         return rep
 
     # --- comparison ---------------------------------------------------------

@@ -54,3 +54,11 @@ def self_draft_server(b11434, smollm2):
     srv = _server(b11434, ServerConfig(model=smollm2, draft=smollm2, spec_types=("draft-simple",)))
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def ngram_mod_server(b11434, smollm2):
+    """SmolLM2 with the ngram-mod drafter (drafts 48-64 tokens after a 24-token match)."""
+    srv = _server(b11434, ServerConfig(model=smollm2, spec_types=("ngram-mod",)))
+    yield srv
+    srv.stop()

@@ -96,3 +96,59 @@ def test_recovered_values_equal_the_unspeculated_server(self_draft_server, plain
 def test_measured_maximum_difference_is_reported():
     if MEASURED:
         print(f"\nrecover vs unspeculated server: max |logprob diff| over {len(MEASURED)} cases = {max(MEASURED):.2e}")
+
+
+REPEAT = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, wrote the weather in "
+          "his book, and watched the ships pass slowly along the dark coast until morning came. ")
+
+
+def test_ngram_mod_transcript_recovers(ngram_mod_server, plain_server, smollm2, tmp_path):
+    body = {"prompt": REPEAT * 4, "n_predict": 96, "n_probs": 3, "temperature": 0, "seed": 1}
+    spec = record_one(ngram_mod_server.url, RequestItem("/completion", body), ngram_mod_server.config.speculative())
+    plain = record_one(plain_server.url, RequestItem("/completion", body), plain_server.config.speculative())
+    assert spec["response"]["timings"]["draft_n_accepted"] > 0, "ngram-mod never drafted: the test proves nothing"
+    path = tmp_path / "ngram.json"
+    path.write_text(dumps(spec))
+    res = recover(path, smollm2)
+    counts = res.records[0].summary()["counts"]
+    assert counts["placeholder"] >= spec["response"]["timings"]["draft_n_accepted"]
+    assert counts["mismatch"] == 0 and counts["ok"] >= 1
+    fixed = token_probs("/completion", json.loads(res.repaired)["response"])
+    truth = token_probs("/completion", plain["response"])
+    assert [p.id for p in fixed] == [p.id for p in truth]
+    for f, t in zip(fixed, truth):
+        assert abs(f.logprob - t.logprob) <= TOL
+        assert [x[0] for x in f.top] == [x[0] for x in t.top]
+
+
+def test_real_values_come_out_ok_and_unchanged(plain_server, smollm2, tmp_path):
+    body = _body("/v1/chat/completions", 1.0, 3, False, False)
+    plain = record_one(plain_server.url, RequestItem("/v1/chat/completions", body), plain_server.config.speculative())
+    path = tmp_path / "plain.json"
+    path.write_text(dumps(plain))
+    res = recover(path, smollm2)
+    assert {t.status for t in res.records[0].tokens} == {"ok"}
+    assert json.loads(res.repaired) == plain
+
+
+def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
+    """Peak RSS of recovering 2,000 tokens stays within 1.2x of recovering 200 (no N x vocab arrays)."""
+    import subprocess
+    import sys
+    paths = {}
+    with LlamaServer(ServerConfig(model=smollm2, n_ctx=4096), binary=b11434.server) as srv:
+        for n in (200, 2000):
+            body = {"prompt": "Once upon a time", "n_predict": n, "n_probs": 1, "temperature": 1, "seed": 5,
+                    "ignore_eos": True}
+            t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
+            assert len(t["response"]["completion_probabilities"]) == n
+            paths[n] = tmp_path / f"t{n}.json"
+            paths[n].write_text(dumps(t))
+    probe = ("import resource, sys; from replay.recovery import recover, ContextOptions; "
+             "r = recover(sys.argv[1], sys.argv[2], context=ContextOptions(n_ctx=4096)); "
+             "assert r.records[0].summary()['counts']['ok'] == int(sys.argv[3]); "
+             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    rss = {n: int(subprocess.run([sys.executable, "-c", probe, str(p), str(smollm2), str(n)], check=True,
+                                 capture_output=True, text=True).stdout.split()[-1]) for n, p in paths.items()}
+    print(f"\npeak RSS: 200 tokens {rss[200] / 1024:.0f} MiB, 2000 tokens {rss[2000] / 1024:.0f} MiB")
+    assert rss[2000] <= 1.2 * rss[200]

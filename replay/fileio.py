@@ -23,6 +23,11 @@ def write_atomic(path: Path | str, data: str | bytes, *, force: bool = False) ->
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=directory)
     try:
+        # mkstemp makes 0600 files: give the result the mode a plain open() would (or keep the old one)
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~umask
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

@@ -152,3 +152,22 @@ def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
                                  capture_output=True, text=True).stdout.split()[-1]) for n, p in paths.items()}
     print(f"\npeak RSS: 200 tokens {rss[200] / 1024:.0f} MiB, 2000 tokens {rss[2000] / 1024:.0f} MiB")
     assert rss[2000] <= 1.2 * rss[200]
+
+
+@pytest.mark.parametrize("name", ["tiny-draft-simple.json", "tiny-draft-simple-post.json"])
+def test_committed_fixture_transcripts_recover_to_the_unspeculated_values(b11434, tmp_path, name):
+    """The README's first command: the committed transcripts, checked against a live plain server."""
+    from replay.models import tiny_target
+    from replay.paths import FIXTURES
+    src = FIXTURES / "transcripts" / name
+    t = json.loads(src.read_text())
+    res = recover(src, tiny_target())
+    c = res.records[0].summary()["counts"]
+    assert c["placeholder"] == len(res.records[0].tokens) - 1 and c["ok"] == 1
+    with LlamaServer(ServerConfig(model=tiny_target(), n_ctx=256), binary=b11434.server) as plain:
+        truth = record_one(plain.url, RequestItem("/completion", t["request"]), {})
+    fixed = token_probs("/completion", json.loads(res.repaired)["response"])
+    ref = token_probs("/completion", truth["response"])
+    assert [p.id for p in fixed] == [p.id for p in ref]
+    for f, r in zip(fixed, ref):
+        assert abs(f.logprob - r.logprob) <= TOL and [x[0] for x in f.top] == [x[0] for x in r.top]

@@ -263,6 +263,9 @@ def _show(res, as_json: bool, changed_only: bool) -> None:
         click.echo(token_table(res.records[0], only_changed=changed_only))
         click.echo()
     click.echo(summary_table(res))
+    for r in res.records:
+        for note in r.notes:
+            click.echo(f"note: {r.source}, record {r.record}: {note}")
 
 
 @main.command()

@@ -17,6 +17,7 @@ from typing import Any
 from .errors import ModelError, TranscriptError
 from .evaluate import Gap, Known, PieceIndex, Truth, Unaligned, truths
 from .llama import Context, Model
+from .probs import n_generated
 from .readers import Record, read_file, read_text
 from .sampling import SamplingParams, requested_n_probs
 from .tokens import Ref, build_plan
@@ -52,6 +53,7 @@ class RecordReport:
     n_probs: int
     tokens: list[TokenReport] = field(default_factory=list)
     error: str | None = None
+    notes: list[str] = field(default_factory=list)  # gaps that no token row can show
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -81,6 +83,8 @@ class RecordReport:
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:
             d["error"] = self.error
+        if self.notes:
+            d["notes"] = self.notes
         return d
 
 
@@ -210,6 +214,11 @@ class Recoverer:
         except Unaligned as e:
             rep.error = str(e)
             rep.tokens.append(TokenReport(e.index, None, "", None, None, "unaligned", [], note=str(e)))
+        generated = n_generated(rec.endpoint, rec.final())
+        if rep.error is None and generated is not None and generated > len(rep.tokens):
+            rep.notes.append(f"the server generated {generated} tokens but its response shows {len(rep.tokens)}: "
+                             f"the last {generated - len(rep.tokens)} were never sent (a trimmed stop word, or "
+                             "text ending in incomplete UTF-8) and cannot be recovered")
         return rep
 
     # --- comparison ---------------------------------------------------------
@@ -223,7 +232,9 @@ class Recoverer:
         top_json = [{"id": i, "piece": self._text(i), "logprob": lp} for i, lp in true_top]
         piece = self._text(t.id)
         if entry is None:
-            note = t.item.reason if isinstance(t.item, Gap) else "the server sent no entry for this token"
+            ref = getattr(t.item, "ref", None)
+            note = (t.item.reason if isinstance(t.item, Gap)
+                    else (getattr(ref, "reason", "") or "the server sent no entry for this token"))
             return TokenReport(t.index, t.id, piece, None, _finite(true_lp), "missing", top_json, note=note)
         server_lp, server_top = _server_values(entry)
         if server_lp == 0.0 and not server_top and n_probs > 0:
@@ -243,8 +254,8 @@ class Recoverer:
     def _write_back(self, rec: Record, t: Truth, ref: Ref | None, entry: dict | None, post: bool,
                     tr: TokenReport) -> None:
         """Put the true values where the server should have: into its entry, or a new one."""
-        if tr.status in ("ok", "mismatch") or ref is None:
-            return  # real values the server sent stay as they were
+        if tr.status in ("ok", "mismatch") or ref is None or ref.report_only:
+            return  # real values the server sent stay as they were; trimmed entries stay trimmed
         from .repair import fill_entry, new_entry
         values = (t.post_prob or 0.0, t.post_top or []) if post else (t.logprob, t.top)
         if entry is not None:

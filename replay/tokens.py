@@ -32,6 +32,8 @@ class Ref:
     before: dict | None = None  # insert new entries before this existing entry (None = append)
     chunk: dict | None = None  # stream chunk that owns `home` (created there if needed)
     last_written: dict | None = None  # the entry repair wrote last for this ref (multi-token gaps)
+    report_only: bool = False  # the server drops this token's entry by design: report it, write nothing
+    reason: str = ""  # why there is no entry, for the report
 
 
 def _entry_bytes(e: dict) -> bytes:
@@ -102,31 +104,36 @@ def _plan_body(rec: Record, piece) -> list[PlanItem]:
             r["choices"][0]["logprobs"] = {"content": entries}
     ids = r.get("tokens") if rec.endpoint == NATIVE else None
     if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
-        return _plan_from_ids(ids, entries)
+        return _plan_from_ids(ids, entries, stop_word=r.get("stop_type") == "word")
     return _with_gaps(entries, piece, entries, None, bytearray(), bytearray())
 
 
-def _plan_from_ids(ids: list[int], entries: list) -> list[PlanItem]:
+def _plan_from_ids(ids: list[int], entries: list, stop_word: bool) -> list[PlanItem]:
     """/completion with return_tokens: ids are authoritative; entries are a subsequence of them.
 
-    Tokens after the last entry (a trimmed stop word) are not part of what the server reports.
+    Tokens after the last entry are reported but get no entry written: the
+    server trims a stop word's entries on purpose (server-context.cpp:2266-2273),
+    and a final token ending in incomplete UTF-8 was never sent.
     """
     plan: list[PlanItem] = []
     k = 0
-    last_mapped = -1
     refs: list[Ref] = []
-    for i, tid in enumerate(ids):
+    for tid in ids:
         if k < len(entries) and entries[k].get("id") == tid:
             refs.append(Ref(entries[k], entries))
-            last_mapped = i
             k += 1
         else:
-            refs.append(Ref(None, entries, before=entries[k] if k < len(entries) else None))
+            refs.append(Ref(None, entries, before=entries[k] if k < len(entries) else None,
+                            reason="incomplete UTF-8: the server sent no entry for this token"))
     if k < len(entries):
         raise TranscriptError(f"the probability entries do not follow the returned token ids "
                               f"(entry {k}, id {entries[k].get('id')}, is not among them)")
-    end = last_mapped + 1 if entries else len(ids)
-    for tid, ref in zip(ids[:end], refs[:end]):
+    last = max((i for i, r in enumerate(refs) if r.entry is not None), default=-1)
+    for i, (tid, ref) in enumerate(zip(ids, refs)):
+        if i > last and entries:
+            ref = Ref(None, None, report_only=True,
+                      reason=("the stop word's entries are trimmed by the server" if stop_word
+                              else "ends in incomplete UTF-8: the server never sent it"))
         plan.append(Known(tid, ref))
     return plan
 
@@ -182,10 +189,18 @@ def _plan_stream(rec: Record, piece) -> list[PlanItem]:
         if rec.endpoint == NATIVE and isinstance(c.get("tokens"), list) and c["tokens"]:
             # /completion with return_tokens: the chunk names its token(s)
             home = home_for_chunk(rec, c)
-            for tid in c["tokens"]:
-                plan.append(Known(int(tid), Ref(None, home, chunk=c)))
-                covered.extend(piece(int(tid)))
+            ids = [int(t) for t in c["tokens"]]
             sent.extend(text)
+            # a token ending in incomplete UTF-8 got no chunk: its bytes open this chunk's text
+            excess = len(sent) - (len(covered) + sum(len(piece(t)) for t in ids))
+            if excess > 0:
+                gap = bytes(sent[len(covered):len(covered) + excess])
+                plan.append(Gap(gap, "incomplete UTF-8: the server streamed no chunk for these bytes",
+                                Ref(None, home, chunk=c)))
+                covered.extend(gap)
+            for tid in ids:
+                plan.append(Known(tid, Ref(None, home, chunk=c)))
+                covered.extend(piece(tid))
             continue
         if not text:
             continue  # role chunk, empty delta, usage/timings chunk

@@ -171,3 +171,69 @@ def test_committed_fixture_transcripts_recover_to_the_unspeculated_values(b11434
     assert [p.id for p in fixed] == [p.id for p in ref]
     for f, r in zip(fixed, ref):
         assert abs(f.logprob - r.logprob) <= TOL and [x[0] for x in f.top] == [x[0] for x in r.top]
+
+
+JAPANESE = [
+    ("/completion", {"prompt": "日本語の文章：東京は", "n_probs": 2, "n_predict": 24}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "東京について日本語で一文書いてください。"}],
+                              "logprobs": True, "top_logprobs": 2, "max_tokens": 24}),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("endpoint,body", JAPANESE, ids=["completion", "chat"])
+def test_tokens_ending_in_incomplete_utf8_are_aligned_and_explained(self_draft_server, plain_server, smollm2,
+                                                                    tmp_path, endpoint, body, stream):
+    """Byte-level tokens of Japanese text end in incomplete UTF-8: the server sends no entry (and no
+    chunk) for them. recover aligns their bytes to ids, gives them values, and says why they were missing."""
+    body = {**body, "temperature": 1, "seed": 3, "stream": stream}
+    spec = record_one(self_draft_server.url, RequestItem(endpoint, body), {})
+    plain = record_one(plain_server.url, RequestItem(endpoint, {**body, "stream": False}), {})
+    path = tmp_path / "ja.json"
+    path.write_text(dumps(spec))
+    res = recover(path, smollm2)
+    rep = res.records[0]
+    c = rep.summary()["counts"]
+    assert c["mismatch"] == c["unaligned"] == 0 and rep.error is None
+    utf8 = [t for t in rep.tokens if "incomplete UTF-8" in t.note]
+    if not (stream and endpoint == "/v1/chat/completions"):
+        # (a chat stream carries text only: its partial characters arrive inside later chunks'
+        # text and are aligned with them, so they are not told apart there)
+        assert utf8, "the prompt no longer produces partial characters: pick another"
+    generated = plain["response"].get("tokens_predicted") or plain["response"]["usage"]["completion_tokens"]
+    assert len(rep.tokens) + sum(int(n.split("the last ")[1].split()[0]) for n in rep.notes) == generated
+    # every value the plain server did send is reproduced
+    fixed = _probs(json.loads(res.repaired))
+    j = 0
+    for t in token_probs(endpoint, plain["response"]):
+        while fixed[j].id != t.id:
+            j += 1
+        assert abs(fixed[j].logprob - t.logprob) <= TOL
+        assert [x[0] for x in fixed[j].top] == [x[0] for x in t.top]
+        j += 1
+
+
+@pytest.mark.parametrize("endpoint", ["/completion", "/v1/chat/completions"])
+def test_stop_words_and_penalised_sampler_chain(self_draft_server, plain_server, smollm2, tmp_path, endpoint):
+    """Post-sampling values come from the whole chain (penalties see the prompt), and a stop word's
+    trimmed entries stay trimmed but are reported."""
+    extra = {"stop": [" and"], "repeat_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.2,
+             "top_k": 20, "temperature": 0.9, "seed": 5, "post_sampling_probs": True}
+    body = ({"prompt": "The sea is blue. The sky is", "n_probs": 4, "n_predict": 40, **extra}
+            if endpoint == "/completion" else
+            {"messages": CHAT_MSGS, "logprobs": True, "top_logprobs": 4, "max_tokens": 40, **extra})
+    spec = record_one(self_draft_server.url, RequestItem(endpoint, body), {})
+    plain = record_one(plain_server.url, RequestItem(endpoint, body), {})
+    path = tmp_path / "stop.json"
+    path.write_text(dumps(spec))
+    res = recover(path, smollm2)
+    rep = res.records[0]
+    assert rep.summary()["counts"]["mismatch"] == 0
+    fixed, truth = _probs(json.loads(res.repaired)), _probs(plain)
+    assert [p.id for p in fixed] == [p.id for p in truth]
+    for f, t in zip(fixed, truth):
+        assert f.kind == "prob"
+        assert abs(f.logprob - t.logprob) <= TOL and [x[0] for x in f.top] == [x[0] for x in t.top]
+    if endpoint == "/completion":
+        assert spec["response"]["stop_type"] == "word"
+        assert [t.note for t in rep.tokens if t.status == "missing"] == ["the stop word's entries are trimmed by the server"]

@@ -237,3 +237,15 @@ def test_stop_words_and_penalised_sampler_chain(self_draft_server, plain_server,
     if endpoint == "/completion":
         assert spec["response"]["stop_type"] == "word"
         assert [t.note for t in rep.tokens if t.status == "missing"] == ["the stop word's entries are trimmed by the server"]
+
+
+def test_python_api(smollm2):
+    """`replay.recover(path_or_obj, model=...)` returns the same data as the command."""
+    import replay
+    from replay.models import tiny_target
+    from replay.paths import FIXTURES
+    obj = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    res = replay.recover(obj, model=tiny_target())
+    assert res.ok and res.failure() is None
+    assert res.summary()["counts"]["placeholder"] == len(res.records[0].tokens) - 1
+    assert json.loads(res.repaired)["response"]["completion_probabilities"][1]["top_logprobs"]

@@ -336,6 +336,54 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
 
 
 @main.command()
+@click.argument("transcript", required=False, type=click.Path(dir_okay=False))
+@click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="the target GGUF (-m)")
+@click.option("-md", "--draft", "draft_path", type=click.Path(dir_okay=False), help="the draft GGUF (-md)")
+@click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
+@click.option("--spec-type", "spec_types", multiple=True, help="the server's --spec-type (repeatable)")
+@click.option("--spec-draft-n-max", type=int)
+@click.option("--spec-draft-n-min", type=int)
+@click.option("--spec-draft-p-min", type=float)
+@click.option("--spec-draft-sampling", type=click.Choice(["greedy", "probabilistic"]))
+@click.option("--spec-ngram-simple-size-n", type=int)
+@click.option("--spec-ngram-simple-size-m", type=int)
+@click.option("--spec-ngram-mod-n-match", type=int)
+@click.option("--spec-ngram-mod-n-max", type=int)
+@click.option("--spec-ngram-mod-n-min", type=int)
+@click.option("--profile", type=click.Choice(["b11434", "0c1e570"]),
+              help="server loop to replay (default: from the transcript's build_info)")
+@click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--temp", type=float, default=0.8, show_default=True)
+@click.option("-n", "--n-predict", type=int, default=32, show_default=True)
+@click.option("-c", "--ctx-size", type=int, help="the server's -c (default: the transcript's /props, else 2048)")
+@click.option("-t", "--threads", default=2, show_default=True)
+@click.option("--steps", "steps_range", help="only show steps a:b")
+@click.option("--json", "as_json", is_flag=True, help="the full trace as JSON")
+@click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
+@handle_errors
+def trace(transcript, model, draft_path, request_file, spec_types, spec_draft_n_max, spec_draft_n_min,
+          spec_draft_p_min, spec_draft_sampling, spec_ngram_simple_size_n, spec_ngram_simple_size_m,
+          spec_ngram_mod_n_match, spec_ngram_mod_n_max, spec_ngram_mod_n_min, profile, prompt, seed, temp,
+          n_predict, ctx_size, threads, steps_range, as_json, verbose) -> None:
+    """Replay llama-server's speculative loop step by step and check it against a transcript.
+
+    Shows what was drafted (with the draft's q), what the target thought (p), which
+    draft tokens were accepted or rejected (with the uniform draw), the resampled
+    and bonus tokens, and the logprob a fixed server would report for every
+    emitted token. With a transcript it must reproduce every token and the
+    draft_n/draft_n_accepted totals; the first divergence is flagged.
+
+    \b
+    spec-replay trace run.json -m target.gguf -md draft.gguf
+    spec-replay trace run.json -m target.gguf -md draft.gguf --json | jq .reproduced
+    spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3
+    """
+    from .tracing import trace_command
+    trace_command(**{k: v for k, v in locals().items()})
+
+
+@main.command()
 @click.option("--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="target GGUF (default: the committed tiny fixture)")
 @click.option("--draft", type=click.Path(dir_okay=False, exists=True, path_type=Path),

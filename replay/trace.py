@@ -341,3 +341,74 @@ class SpeculativeLoop:
                     break  # the rest of this step's tokens are dropped
             sampled = ids[-1]
             yield rec
+
+
+# --- running a trace for a transcript or a fresh prompt ------------------------------
+
+@dataclass
+class TraceResult:
+    steps: list[Step]
+    emitted: list[Emitted]
+    pieces: list[str]
+    recorded: list[int] | None  # the transcript's generated ids (None: no transcript)
+    first_divergence: int | None
+    draft_n: int
+    draft_n_accepted: int
+    server_draft_n: int | None = None
+    server_draft_n_accepted: int | None = None
+    post: bool = False
+
+    @property
+    def reproduced(self) -> bool | None:
+        if self.recorded is None:
+            return None
+        return self.first_divergence is None and (
+            self.server_draft_n is None or (self.server_draft_n, self.server_draft_n_accepted) ==
+            (self.draft_n, self.draft_n_accepted))
+
+    def to_json(self, piece) -> dict:
+        def top(pairs, post):
+            import math
+            return [{"id": i, "piece": piece(i), "logprob": (math.log(v) if post and v > 0 else v)} for i, v in pairs]
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "emitted": [{"index": e.index, "id": e.id, "piece": self.pieces[e.index], "step": e.step,
+                         "logprob": e.logprob, "top": top(e.top, False),
+                         "post_prob": e.post_prob, "post_top": top(e.post_top, True)} for e in self.emitted],
+            "reproduced": self.reproduced, "first_divergence": self.first_divergence,
+            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
+            "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
+        }
+
+
+def profile_of(build_info: str | None) -> str | None:
+    """b11434 or 0c1e570 from a server's build_info / system_fingerprint, else None."""
+    if not build_info:
+        return None
+    if "0c1e570" in build_info:
+        return "0c1e570"
+    if build_info.startswith("b11434"):
+        return "b11434"
+    return None
+
+
+def run(target: Model, prompt: Sequence[int], params: SamplingParams, cfg: SpecConfig, *, draft: Model | None,
+        n_ctx: int, n_predict: int, n_probs: int, stop: Sequence[str] = (), recorded: list[int] | None = None,
+        timings: dict | None = None, threads: int = 2) -> TraceResult:
+    loop = SpeculativeLoop(target, prompt, params, cfg, draft=draft, n_ctx=n_ctx, n_predict=n_predict,
+                           n_probs=n_probs, stop=stop, threads=threads)
+    try:
+        steps = list(loop.steps())
+    finally:
+        loop.close()
+    ids = [e.id for e in loop.emitted]
+    div = None
+    if recorded is not None:
+        for i in range(max(len(ids), len(recorded))):
+            if i >= len(ids) or i >= len(recorded) or ids[i] != recorded[i]:
+                div = i
+                break
+    t = timings or {}
+    return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded, div,
+                       loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
+                       post=bool(params.post_sampling_probs))

@@ -113,10 +113,9 @@ def record(url, request_file, requests_file, endpoint, output, force, spec_types
 
     if bool(request_file) == bool(requests_file):
         raise click.UsageError("give exactly one of --request and --requests")
+    from .fileio import refuse_existing
     out = Path(output)
-    if out.exists() and not force:
-        from .errors import OutputExistsError
-        raise OutputExistsError(f"{out} exists; use --force to overwrite it")
+    refuse_existing(out, force)
     ng = {}
     for kv in ngram:
         if "=" not in kv:
@@ -247,11 +246,22 @@ def _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_siz
             raise TranscriptError("the request must be a JSON object", source=request_file)
     opts = ContextOptions(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, flash_attn=flash_attn,
                           threads=threads)
-    with click.progressbar(length=1, label="recovering", file=sys.stderr, show_eta=False) as bar:
-        def progress(done, total):
-            bar.length = total
-            bar.update(done - bar.pos)
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if total < 2:
+            return  # one record: the table is the progress
+        if bar is None:
+            bar = click.progressbar(length=total, label="recovering records", file=sys.stderr)
+            bar.__enter__()
+        bar.update(done - bar.pos)
+
+    try:
         return recover(transcript, model, request=request, tolerance=tolerance, context=opts, progress=progress)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
 
 
 def _show(res, as_json: bool, changed_only: bool) -> None:
@@ -288,28 +298,30 @@ def recover(transcript, model, request_file, report_file, tolerance, ctx_size, b
     spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --report report.json
     spec-replay recover response.json --request request.json -m target.gguf --in-place
     """
-    from .fileio import write_atomic
-    from .errors import OutputExistsError
+    from .fileio import refuse_existing, write_atomic
     if bool(output) == bool(in_place):
         raise click.UsageError("give exactly one of -o/--output and --in-place")
-    out = Path(transcript) if in_place else Path(output)
-    if not in_place and out.exists() and not force:
-        raise OutputExistsError(f"{out} exists; use --force to overwrite it")
-    if report_file and Path(report_file).exists() and not force:
-        raise OutputExistsError(f"{report_file} exists; use --force to overwrite it")
+    out = Path(transcript).resolve() if in_place else Path(output)
+    if not in_place:
+        refuse_existing(out, force)
+    if report_file:
+        if Path(report_file).resolve() in (out.resolve(), Path(transcript).resolve()):
+            raise click.UsageError("--report must not be the transcript or the output file")
+        refuse_existing(report_file, force)
     res = _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
                        threads, verbose)
-    write_atomic(out, res.repaired, force=force or in_place)
-    if report_file:
-        write_atomic(report_file, json.dumps(res.to_json(), indent=2) + "\n", force=force)
     _show(res, as_json, changed_only=False)
+    reason = res.failure()
+    if report_file:
+        write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
+    if reason:
+        # a replay that disagrees with the server's real values is suspect everywhere: write nothing
+        click.echo(f"Error: {reason}; nothing written to {out}", err=True)
+        sys.exit(1)
+    write_atomic(out, res.repaired, force=force or in_place)
     s = res.summary()
     click.echo(f"wrote {out}: {s['counts']['placeholder']} placeholder and {s['counts']['missing']} missing "
                f"value(s) recovered in {s['records']} record(s)", err=True)
-    reason = res.failure()
-    if reason:
-        click.echo(f"Error: {reason}", err=True)
-        sys.exit(1)
 
 
 @main.command()
@@ -323,11 +335,13 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
     spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
     spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
     """
-    from .fileio import write_atomic
+    from .fileio import refuse_existing, write_atomic
+    if report_file:
+        refuse_existing(report_file, force)
     res = _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
                        threads, verbose)
     if report_file:
-        write_atomic(report_file, json.dumps(res.to_json(), indent=2) + "\n", force=force)
+        write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
     _show(res, as_json, changed_only=False)
     reason = res.failure()
     if reason:

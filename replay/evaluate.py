@@ -112,6 +112,19 @@ class PieceIndex:
             return np.empty(0, dtype=np.int64)
         return np.array([t for t in ids if data.startswith(self.pieces[t])], dtype=np.int64)
 
+    def splittable(self, data: bytes) -> list[bool]:
+        """ok[i]: data[i:] can be written as a sequence of pieces (ok[len] is True).
+
+        Alignment only steps to offsets from which the rest can still be
+        completed, so a preferred long piece never strands the remainder
+        (gap b"abc" with pieces {"ab", "a", "bc"} aligns as "a" + "bc").
+        """
+        ok = [False] * (len(data) + 1)
+        ok[len(data)] = True
+        for i in range(len(data) - 1, -1, -1):
+            ok[i] = any(ok[i + len(self.pieces[t])] for t in self.candidates(data[i:]))
+        return ok
+
 
 def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
          pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
@@ -136,17 +149,21 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     pending = ctx.logits(-1)  # scores generated token 0
     pos = n_prompt
     index = 0
+    chunk = max(1, min(chunk, ctx.n_batch))
     items = list(plan)
     i = 0
     gap_rest: bytes | None = None
     gap: Gap | None = None
+    reach: list[bool] = []
     while i < len(items) or gap_rest:
         if gap_rest:
             if pieces is None:
                 raise TranscriptError("token ids are missing and no piece index was given")
-            cands = pieces.candidates(gap_rest)
-            if len(cands) == 0:
+            off = len(gap.data) - len(gap_rest)
+            cands = [t for t in pieces.candidates(gap_rest) if reach[off + len(pieces.pieces[t])]]
+            if not cands:
                 raise _Unaligned(index, gap_rest)
+            cands = np.array(cands, dtype=np.int64)
             tok = int(cands[np.argmax(pending[cands])])
             gap_rest = gap_rest[len(pieces.pieces[tok]):] or None
             yield index, tok, gap, pending
@@ -160,6 +177,10 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
         item = items[i]
         if isinstance(item, Gap):
             gap, gap_rest = item, item.data or None
+            if pieces is not None and gap_rest:
+                reach = pieces.splittable(item.data)
+                if not reach[0]:
+                    raise _Unaligned(index, item.data)
             i += 1
             continue
         # a run of known ids: score the first with `pending`, decode the run in chunks
@@ -222,7 +243,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
         if chain is not None:
             chain.accept_prompt(prompt)
         for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces):
-            if tok >= model.n_vocab:
+            if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")
             p = server_softmax(logits)

@@ -5,7 +5,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import OutputExistsError
+from .errors import OutputExistsError, SpecReplayError
+
+
+def refuse_existing(path: Path | str, force: bool) -> None:
+    """Fail early, before any work, if `path` exists and --force was not given."""
+    if not force and Path(path).exists():
+        raise OutputExistsError(f"{path} exists; use --force to overwrite it")
 
 
 def write_atomic(path: Path | str, data: str | bytes, *, force: bool = False) -> Path:
@@ -16,10 +22,20 @@ def write_atomic(path: Path | str, data: str | bytes, *, force: bool = False) ->
     check-then-write race); with `force` it replaces `path` in one rename.
     """
     path = Path(path)
-    if not force and path.exists():
-        raise OutputExistsError(f"{path} exists; use --force to overwrite it")
+    refuse_existing(path, force)
+    if path.is_symlink():
+        path = path.resolve()  # replace the file the link points to, keep the link
     directory = path.parent if str(path.parent) else Path(".")
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return _write(path, directory, data, force)
+    except OSError as e:
+        if isinstance(e, FileExistsError) and path.exists():
+            raise OutputExistsError(f"{path} exists; use --force to overwrite it") from None
+        raise SpecReplayError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _write(path: Path, directory: Path, data: str | bytes, force: bool) -> Path:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=directory)
     try:

@@ -88,19 +88,30 @@ def read_text(text: str, source: str, request: dict | None = None) -> list[Recor
         return [_record(parse_sse_text(text, source), source, 1, request, events_as="sse-text")]
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise TranscriptError("invalid JSON (nested too deeply)", source=source) from None
     except ValueError as whole:
         lines = [l for l in text.splitlines() if l.strip()]
-        if len(lines) <= 1:
+        if len(lines) <= 1 or not _parses(lines[0]):
+            # not JSONL: report where the whole document breaks
             raise TranscriptError(f"invalid JSON ({_why(whole)})", source=source) from None
         out = []
         for n, line in enumerate(lines, start=1):
             try:
                 item = json.loads(line, parse_constant=_reject_constant)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 raise TranscriptError(f"line {n}: invalid JSON ({_why(e)})", source=source) from None
             out.append(_record(item, source, n, request))
         return out
     return [_record(obj, source, 1, request)]
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line, parse_constant=_reject_constant)
+        return True
+    except (ValueError, RecursionError):
+        return False
 
 
 def _reject_constant(name: str):
@@ -186,15 +197,21 @@ def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
     rec.container, rec.events_as = t, ("strings" if rec.stream else "objects")
     rec.prompt_ids = _ids(t.get("prompt_tokens"), fail, "prompt_tokens")
     server = t.get("server") or {}
-    rec.build_info = server.get("build_info")
-    rec.speculative = server.get("speculative")
+    if not isinstance(server, dict):
+        raise fail("\"server\" must be an object")
+    props = server.get("props")
+    if props is not None and not (isinstance(props, dict) and isinstance(props.get("default_generation_settings", {}), dict)):
+        raise fail("\"server.props\" must be the server's /props object")
+    rec.build_info = server.get("build_info") if isinstance(server.get("build_info"), str) else None
+    spec = server.get("speculative")
+    rec.speculative = spec if isinstance(spec, dict) else None
     return rec
 
 
 def _ids(v: Any, fail, name: str) -> list[int] | None:
     if v is None:
         return None
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+    if not isinstance(v, list) or not all(_is_id(x) for x in v):
         raise fail(f"\"{name}\" must be a list of non-negative token ids")
     return list(v)
 
@@ -245,9 +262,30 @@ def _from_response(resp: Any, request: dict, hint: str | None, source: str, inde
     return rec
 
 
+def _check_counts(obj: dict, fail, where: str) -> None:
+    """usage / timings / token counts, where present, must be the server's types."""
+    for k in ("tokens_evaluated", "tokens_predicted"):
+        if obj.get(k) is not None and not _is_id(obj[k]):
+            raise fail(f"{where}: \"{k}\" must be a non-negative integer")
+    for k in ("usage", "timings"):
+        v = obj.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise fail(f"{where}: \"{k}\" must be an object")
+        for f in ("prompt_tokens", "completion_tokens", "prompt_n", "predicted_n", "cache_n", "draft_n",
+                  "draft_n_accepted"):
+            if v.get(f) is not None and not _is_id(v[f]):
+                raise fail(f"{where}: \"{k}.{f}\" must be a non-negative integer")
+
+
 def _check_body(rec: Record, fail) -> None:
     r = rec.response
     assert r is not None
+    _check_counts(r, fail, "the response")
+    if rec.endpoint == NATIVE and r.get("tokens") is not None and not (
+            isinstance(r["tokens"], list) and all(_is_id(t) for t in r["tokens"])):
+        raise fail("\"tokens\" must be a list of token ids")
     if rec.endpoint == NATIVE:
         if not isinstance(r.get("content", ""), str):
             raise fail("\"content\" must be a string")
@@ -274,6 +312,17 @@ def _check_stream_complete(rec: Record, fail) -> None:
     if not chunks:
         raise fail("the stream has no chunks")
     for k, c in enumerate(chunks):
+        if rec.endpoint != NATIVE and "choices" in c and not (
+                isinstance(c["choices"], list) and all(isinstance(x, dict) for x in c["choices"])):
+            raise fail(f"stream chunk {k}: \"choices\" must be a list of objects")
+        if rec.endpoint == CHAT:
+            for x in c.get("choices") or []:
+                if x.get("delta") is not None and not isinstance(x["delta"], dict):
+                    raise fail(f"stream chunk {k}: \"delta\" must be an object")
+        if rec.endpoint == NATIVE and c.get("tokens") is not None and not (
+                isinstance(c["tokens"], list) and all(_is_id(t) for t in c["tokens"])):
+            raise fail(f"stream chunk {k}: \"tokens\" must be a list of token ids")
+        _check_counts(c, fail, f"stream chunk {k}")
         for e in _chunk_entries(rec.endpoint, c):
             _check_entry(e, fail, f"chunk {k}")
     last = chunks[-1]
@@ -287,32 +336,68 @@ def _check_stream_complete(rec: Record, fail) -> None:
         raise fail("the stream is truncated: its last chunk does not finish the response")
 
 
-def _chunk_entries(endpoint: str, c: dict) -> list:
+def entries_of(endpoint: str, obj: dict) -> list | None:
+    """The probability entry list of a body or chunk (the very list object), or None if it has none.
+
+        /completion            obj["completion_probabilities"]
+        /v1/*                  obj["choices"][0]["logprobs"]["content"]
+    """
     if endpoint == NATIVE:
-        v = c.get("completion_probabilities")
-        return v if isinstance(v, list) else []
-    ch = c.get("choices")
+        v = obj.get("completion_probabilities")
+        return v if isinstance(v, list) else None
+    ch = obj.get("choices")
     if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
-        return []
+        return None
     lp = ch[0].get("logprobs")
     if not isinstance(lp, dict):
-        return []
+        return None
     v = lp.get("content")
-    return v if isinstance(v, list) else []
+    return v if isinstance(v, list) else None
 
 
-def _check_entry(e: Any, fail, where: str) -> None:
+def _chunk_entries(endpoint: str, c: dict) -> list:
+    return entries_of(endpoint, c) or []
+
+
+def _is_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
+
+def _is_number(v: Any) -> bool:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _check_entry(e: Any, fail, where: str, top_level: bool = True) -> None:
     if not isinstance(e, dict):
         raise fail(f"{where}: a probability entry must be an object")
     tid = e.get("id")
-    if tid is not None and (not isinstance(tid, int) or isinstance(tid, bool) or tid < 0):
+    if tid is not None and not _is_id(tid):
         raise fail(f"{where}: token id {tid!r} is not a non-negative integer")
+    b = e.get("bytes")
+    if b is not None and not (isinstance(b, list) and all(_is_id(x) and x < 256 for x in b)):
+        raise fail(f"{where}: \"bytes\" must be a list of byte values")
+    if e.get("token") is not None and not isinstance(e.get("token"), str):
+        raise fail(f"{where}: \"token\" must be a string")
     for key in ("logprob", "prob"):
         if key in e:
             v = e[key]
             if v is None and key == "logprob":
                 continue  # SDK dumps can carry nulls
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
-                raise fail(f"{where}: {key} {v!r} is not a number")
+            if not _is_number(v):
+                raise fail(f"{where}: {key} {v!r} is not a finite number")
     if "logprob" not in e and "prob" not in e:
         raise fail(f"{where}: a probability entry has neither logprob nor prob")
+    if top_level:
+        for key in ("top_logprobs", "top_probs"):
+            top = e.get(key)
+            if top is None:
+                continue
+            if not isinstance(top, list):
+                raise fail(f"{where}: \"{key}\" must be a list")
+            for k, t in enumerate(top):
+                _check_entry(t, fail, f"{where}, {key}[{k}]", top_level=False)

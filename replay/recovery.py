@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelError, TranscriptError
+from .errors import ModelError, SpecReplayError, TranscriptError
 from .evaluate import Gap, Known, PieceIndex, Truth, Unaligned, truths
 from .llama import Context, Model
 from .probs import n_generated
@@ -183,6 +183,12 @@ class Recoverer:
             if e.source is not None:
                 raise
             raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
+        except SpecReplayError as e:  # e.g. a decode failure
+            raise type(e)(f"{rec.where}: {e}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError) as e:
+            # a field of an unexpected type that validation did not catch: still one clear line
+            raise TranscriptError(f"unreadable value in the transcript ({type(e).__name__}: {e})",
+                                  source=rec.source, record=rec.index) from None
 
     def _recover(self, rec: Record) -> RecordReport:
         post = bool(rec.request.get("post_sampling_probs"))
@@ -190,7 +196,7 @@ class Recoverer:
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
         try:
             params = SamplingParams.from_request(rec.endpoint, rec.request)
-        except (TypeError, ValueError, KeyError) as e:
+        except (TypeError, ValueError, KeyError, OverflowError) as e:
             raise TranscriptError(f"unreadable sampling parameters ({e})", source=rec.source, record=rec.index) from None
         plan = build_plan(rec, self.piece)
         self.check_vocab(rec, plan)
@@ -198,19 +204,34 @@ class Recoverer:
         for t in prompt:
             self.piece(t)  # vocabulary range check
         ctx = self.context(_n_ctx_of(rec, self.opts))
-        prev_item = None
+        pending: list[Truth] = []  # tokens of a Gap that replaces an id-less entry, until the gap ends
+
+        def flush() -> None:
+            # the entry's bytes end with its own token's piece: it belongs to the gap's LAST token;
+            # the earlier ones had no entry and are inserted before it
+            for k, tr in enumerate(pending):
+                ref = tr.item.ref
+                entry = ref.entry if k == len(pending) - 1 else None
+                if entry is None and ref.before is None:
+                    ref.before = ref.entry
+                rep.tokens.append(self._compare(tr, entry, post, n_probs))
+                self._write_back(rec, tr, ref, entry, post, rep.tokens[-1])
+            pending.clear()
+
         try:
             for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post,
                                 chunk=self.opts.chunk,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
-                # a Gap that replaces an id-less entry fills that entry with its first token
-                # and inserts the rest after it
-                first = truth.item is not prev_item
-                prev_item = truth.item
+                if pending and truth.item is not pending[-1].item:
+                    flush()
                 ref: Ref | None = getattr(truth.item, "ref", None)
-                entry = ref.entry if ref is not None and first else None
+                if isinstance(truth.item, Gap) and ref is not None and ref.entry is not None:
+                    pending.append(truth)
+                    continue
+                entry = ref.entry if ref is not None and not isinstance(truth.item, Gap) else None
                 rep.tokens.append(self._compare(truth, entry, post, n_probs))
                 self._write_back(rec, truth, ref, entry, post, rep.tokens[-1])
+            flush()
         except Unaligned as e:
             rep.error = str(e)
             rep.tokens.append(TokenReport(e.index, None, "", None, None, "unaligned", [], note=str(e)))
@@ -254,8 +275,11 @@ class Recoverer:
     def _write_back(self, rec: Record, t: Truth, ref: Ref | None, entry: dict | None, post: bool,
                     tr: TokenReport) -> None:
         """Put the true values where the server should have: into its entry, or a new one."""
-        if tr.status in ("ok", "mismatch") or ref is None or ref.report_only:
-            return  # real values the server sent stay as they were; trimmed entries stay trimmed
+        if ref is None or ref.report_only:
+            return  # trimmed entries stay trimmed
+        if tr.status in ("ok", "mismatch"):
+            ref.last_written = entry  # real values the server sent stay as they were
+            return
         from .repair import fill_entry, new_entry
         values = (t.post_prob or 0.0, t.post_top or []) if post else (t.logprob, t.top)
         if entry is not None:

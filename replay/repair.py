@@ -65,7 +65,7 @@ def new_entry(tid: int, values: tuple[float, Sequence[tuple[int, float]]], post:
 
 
 def _compact(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _events_out(rec: Record) -> list[Any]:
@@ -92,7 +92,7 @@ def serialise(records: list[Record], original: str) -> str:
         return sse_text(records[0])
     if len(records) == 1 and original.lstrip().startswith(("{", "[")) and _is_single_json(original):
         indent = 2 if "\n " in original or "\n\t" in original else None
-        return json.dumps(record_container(records[0]), ensure_ascii=False, indent=indent) + "\n"
+        return json.dumps(record_container(records[0]), ensure_ascii=False, indent=indent, allow_nan=False) + "\n"
     return "".join(_compact(record_container(r)) + "\n" for r in records)
 
 

@@ -108,7 +108,10 @@ class SamplingParams:
         if g("dry_sequence_breakers") is not None:
             p.dry_sequence_breakers = tuple(body["dry_sequence_breakers"])
         if g("seed") is not None:
-            p.seed = int(body["seed"]) & 0xFFFFFFFF
+            seed = body["seed"]
+            if not isinstance(seed, int) or isinstance(seed, bool) or not -1 <= seed < 2**32:
+                raise TranscriptError(f"\"seed\" {str(seed)[:20]} is not a 32-bit seed")
+            p.seed = seed & 0xFFFFFFFF
         if g("ignore_eos") is not None:
             p.ignore_eos = bool(body["ignore_eos"])
         if g("post_sampling_probs") is not None:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .errors import TranscriptError
 from .evaluate import Gap, Known, PlanItem
-from .readers import CHAT, CMPL, NATIVE, Record
+from .readers import CHAT, CMPL, NATIVE, Record, entries_of
 
 
 @dataclass(eq=False)
@@ -45,17 +45,17 @@ def _entry_bytes(e: dict) -> bytes:
 
 
 def _entries(rec: Record, obj: dict) -> list | None:
-    if rec.endpoint == NATIVE:
-        v = obj.get("completion_probabilities")
-        return v if isinstance(v, list) else None
-    ch = obj.get("choices") or []
-    if not ch or not isinstance(ch[0], dict):
+    return entries_of(rec.endpoint, obj)
+
+
+def _gap_before(sent: bytearray, covered: bytearray, n_next: int) -> bytes | None:
+    """Bytes sent so far that neither the covered pieces nor the next `n_next` bytes account for."""
+    excess = len(sent) - (len(covered) + n_next)
+    if excess <= 0:
         return None
-    lp = ch[0].get("logprobs")
-    if not isinstance(lp, dict):
-        return None
-    v = lp.get("content")
-    return v if isinstance(v, list) else None
+    gap = bytes(sent[len(covered):len(covered) + excess])
+    covered.extend(gap)
+    return gap
 
 
 def _with_gaps(entries: list, piece: Callable[[int], bytes], home: list, chunk: dict | None,
@@ -67,18 +67,19 @@ def _with_gaps(entries: list, piece: Callable[[int], bytes], home: list, chunk: 
         if tid is None:
             # e.g. an SDK dump that dropped the ids: align the entry's own bytes
             data = _entry_bytes(e)
+            if not data:
+                raise TranscriptError("an entry has neither a token id nor text (its text was held back), so "
+                                      "its token cannot be identified; keep the ids (\"id\") when dumping")
             sent.extend(data)
             plan.append(Gap(data, "the entry carries no token id", Ref(e, home, chunk=chunk)))
             covered.extend(data)
             continue
         sent.extend(_entry_bytes(e))
         p = piece(tid)
-        excess = len(sent) - (len(covered) + len(p))
-        if excess > 0:
-            gap = bytes(sent[len(covered):len(covered) + excess])
+        gap = _gap_before(sent, covered, len(p))
+        if gap:
             plan.append(Gap(gap, "incomplete UTF-8: the server sent no entry for these bytes",
                             Ref(None, home, before=e, chunk=chunk)))
-            covered.extend(gap)
         plan.append(Known(tid, Ref(e, home, chunk=chunk)))
         covered.extend(p)
     return plan
@@ -95,14 +96,17 @@ def _plan_body(rec: Record, piece) -> list[PlanItem]:
     r = rec.response
     assert r is not None
     entries = _entries(rec, r)
+    ids = r.get("tokens") if rec.endpoint == NATIVE else None
     if entries is None:
-        # no probabilities requested (or none sent): create the list where the server would put it
+        if not (isinstance(ids, list) and ids):
+            raise TranscriptError("the response carries neither probabilities nor token ids, so its tokens cannot "
+                                  "be told apart: record with logprobs (n_probs / top_logprobs) or return_tokens")
+        # no probabilities requested: create the list where the server would put it
         entries = []
         if rec.endpoint == NATIVE:
             r["completion_probabilities"] = entries
         else:
             r["choices"][0]["logprobs"] = {"content": entries}
-    ids = r.get("tokens") if rec.endpoint == NATIVE else None
     if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
         return _plan_from_ids(ids, entries, stop_word=r.get("stop_type") == "word")
     return _with_gaps(entries, piece, entries, None, bytearray(), bytearray())
@@ -192,12 +196,10 @@ def _plan_stream(rec: Record, piece) -> list[PlanItem]:
             ids = [int(t) for t in c["tokens"]]
             sent.extend(text)
             # a token ending in incomplete UTF-8 got no chunk: its bytes open this chunk's text
-            excess = len(sent) - (len(covered) + sum(len(piece(t)) for t in ids))
-            if excess > 0:
-                gap = bytes(sent[len(covered):len(covered) + excess])
+            gap = _gap_before(sent, covered, sum(len(piece(t)) for t in ids))
+            if gap:
                 plan.append(Gap(gap, "incomplete UTF-8: the server streamed no chunk for these bytes",
                                 Ref(None, home, chunk=c)))
-                covered.extend(gap)
             for tid in ids:
                 plan.append(Known(tid, Ref(None, home, chunk=c)))
                 covered.extend(piece(tid))
@@ -205,10 +207,7 @@ def _plan_stream(rec: Record, piece) -> list[PlanItem]:
         if not text:
             continue  # role chunk, empty delta, usage/timings chunk
         sent.extend(text)
-        excess = len(sent) - len(covered)
-        if excess > 0:
-            gap = bytes(sent[len(covered):])
-            plan.append(Gap(gap, "streamed without probabilities (speculative token)",
-                            Ref(None, None, chunk=c)))
-            covered.extend(gap)
+        gap = _gap_before(sent, covered, 0)
+        if gap:
+            plan.append(Gap(gap, "streamed without probabilities (speculative token)", Ref(None, None, chunk=c)))
     return plan

@@ -62,3 +62,17 @@ def ngram_mod_server(b11434, smollm2):
     srv = _server(b11434, ServerConfig(model=smollm2, spec_types=("ngram-mod",)))
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server_factory(b11434):
+    """Start extra servers on demand; all are stopped at the end of the session."""
+    started = []
+
+    def start(config: ServerConfig) -> LlamaServer:
+        srv = _server(b11434, config)
+        started.append(srv)
+        return srv
+    yield start
+    for srv in started:
+        srv.stop()

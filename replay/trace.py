@@ -42,6 +42,7 @@ UNSUPPORTED = {
     "ngram-map-k4v": "not implemented yet in spec-replay",
     "ngram-cache": "not implemented yet in spec-replay",
 }
+PROFILES = ("b11434", "0c1e570")
 PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
 
 
@@ -59,8 +60,14 @@ class SpecConfig:
     ngram_mod_n_match: int = 24
     ngram_mod_n_max: int = 64
     ngram_mod_n_min: int = 48
+    profile: str = "b11434"  # which server loop: SERVER_LOOP.md section 7
 
     def check(self, has_draft_model: bool) -> None:
+        if self.profile not in PROFILES:
+            raise TranscriptError(f"unknown server profile {self.profile!r}; known: {', '.join(PROFILES)}")
+        if self.profile == "0c1e570" and self.draft_sampling == "probabilistic":
+            raise TranscriptError("the 0c1e570 server has no --spec-draft-sampling probabilistic (no rejection "
+                                  "path); this transcript cannot come from it")
         for t in self.types:
             if t in UNSUPPORTED:
                 raise TranscriptError(f"--spec-type {t} cannot be replayed: {UNSUPPORTED[t]}")
@@ -115,7 +122,9 @@ class DraftSimple:
 
     def __init__(self, model: Model, ctx: Context, cfg: SpecConfig, temp: float, seed: int):
         self.model, self.ctx, self.cfg = model, ctx, cfg
-        self.probabilistic = cfg.draft_sampling == "probabilistic" and temp > 0
+        # 0c1e570 has no probabilistic drafting and resets the (argmax) sampler every step,
+        # [0c1e570] common/speculative.cpp:326; with argmax drafting the reset changes nothing
+        self.probabilistic = cfg.profile == "b11434" and cfg.draft_sampling == "probabilistic" and temp > 0
         if self.probabilistic:
             s = LLAMA_DEFAULT_SEED if seed == LLAMA_DEFAULT_SEED else (seed ^ DRAFT_SEED_XOR)
             params = SamplingParams(samplers=("top_k", "temperature"), top_k=10, temp=temp, seed=s)
@@ -156,11 +165,19 @@ class DraftSimple:
 
 
 class SpeculativeLoop:
-    """Iterate the server's steps for one request; `emitted` grows as steps run."""
+    """Iterate the server's steps for one request; `emitted` grows as steps run.
+
+    Profiles (SERVER_LOOP.md section 7): b11434 verifies by rejection when the draft is
+    probabilistic and temp > 0, else by sample-and-match; 0c1e570 always by
+    sample-and-match ([0c1e570] tools/server/server-context.cpp:3896-3900).
+    """
 
     def __init__(self, target: Model, prompt: Sequence[int], params: SamplingParams, cfg: SpecConfig, *,
                  draft: Model | None = None, n_ctx: int = 2048, n_predict: int = -1, n_probs: int = 0,
-                 stop: Sequence[str] = (), threads: int = 2, n_batch: int = 2048, n_ubatch: int = 512):
+                 stop: Sequence[str] = (), threads: int = 2, n_batch: int = 2048, n_ubatch: int = 512,
+                 server_state: dict | None = None):
+        """`server_state` carries drafter state that outlives a request on one server (ngram-mod's
+        table, SERVER_LOOP.md section 0 item 6): pass the same dict for consecutive requests."""
         cfg.check(draft is not None)
         if params.seed == LLAMA_DEFAULT_SEED:
             raise TranscriptError("the request has no fixed seed (seed -1): the server drew a random one, so the "
@@ -180,7 +197,11 @@ class SpeculativeLoop:
             if t == "ngram-simple":
                 self.drafters.append(NgramSimple(cfg.ngram_simple_size_n, cfg.ngram_simple_size_m))
             elif t == "ngram-mod":
-                self.drafters.append(NgramMod(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min))
+                state = server_state if server_state is not None else {}
+                mod = state.get("ngram-mod")
+                if mod is None:
+                    mod = state["ngram-mod"] = NgramMod(cfg.ngram_mod_n_match, cfg.ngram_mod_n_max, cfg.ngram_mod_n_min)
+                self.drafters.append(mod)
             elif t == "draft-simple":
                 self.drafters.append(DraftSimple(draft, self.draft_ctx, cfg, params.temp, params.seed))
         self.emitted: list[Emitted] = []
@@ -394,9 +415,9 @@ def profile_of(build_info: str | None) -> str | None:
 
 def run(target: Model, prompt: Sequence[int], params: SamplingParams, cfg: SpecConfig, *, draft: Model | None,
         n_ctx: int, n_predict: int, n_probs: int, stop: Sequence[str] = (), recorded: list[int] | None = None,
-        timings: dict | None = None, threads: int = 2) -> TraceResult:
+        timings: dict | None = None, threads: int = 2, server_state: dict | None = None) -> TraceResult:
     loop = SpeculativeLoop(target, prompt, params, cfg, draft=draft, n_ctx=n_ctx, n_predict=n_predict,
-                           n_probs=n_probs, stop=stop, threads=threads)
+                           n_probs=n_probs, stop=stop, threads=threads, server_state=server_state)
     try:
         steps = list(loop.steps())
     finally:

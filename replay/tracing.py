@@ -67,15 +67,40 @@ def _spec_config(base: dict | None, o: dict) -> SpecConfig:
 def trace_command(**o) -> None:
     set_verbose(o["verbose"])
     target = Model(check_gguf(o["model"]))
-    rec = None
     if o["transcript"]:
         request = None
         if o["request_file"]:
             request = json.loads(Path(o["request_file"]).read_text())
-        recs = read_file(o["transcript"], request)
-        if len(recs) != 1:
-            raise TranscriptError(f"{len(recs)} records: trace replays one request at a time", source=o["transcript"])
-        rec = recs[0]
+        records = read_file(o["transcript"], request)
+    else:
+        if not o["prompt"]:
+            raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
+        records = [None]
+    # records of one JSONL are requests to one server, in order: drafter state carries over
+    server_state: dict = {}
+    draft_models: dict[str, Model] = {}
+    results = []
+    for rec in records:
+        res = _trace_one(rec, target, o, server_state, draft_models)
+        results.append((rec, res))
+    piece = lambda i: target.piece(i).decode("utf-8", "replace")
+    if o["as_json"]:
+        if len(results) == 1:
+            click.echo(json.dumps(results[0][1].to_json(piece), indent=2))
+        else:
+            click.echo(json.dumps({"records": [dict(r.to_json(piece), record=rec.index) for rec, r in results]},
+                                  indent=2))
+    else:
+        for rec, res in results:
+            if len(results) > 1:
+                click.echo(f"=== {rec.where}")
+            _print(res, piece, o["steps_range"])
+    if any(r.reproduced is False for _, r in results):
+        raise SystemExit(1)
+
+
+def _trace_one(rec: Record | None, target: Model, o: dict, server_state: dict, draft_models: dict) -> TraceResult:
+    if rec is not None:
         body, endpoint = rec.request, rec.endpoint
         fp = rec.build_info or (rec.final() or {}).get("system_fingerprint")
         profile = o["profile"] or profile_of(fp) or "b11434"
@@ -83,16 +108,12 @@ def trace_command(**o) -> None:
         prompt = prompt_ids(rec, target)
         cfg = _spec_config(rec.speculative, o)
     else:
-        if not o["prompt"]:
-            raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
         body = {"prompt": o["prompt"], "seed": o["seed"], "temperature": o["temp"], "n_predict": o["n_predict"],
                 "n_probs": 5}
         endpoint, profile = "/completion", o["profile"] or "b11434"
         prompt = target.tokenize(o["prompt"], add_special=True, parse_special=True)
         cfg = _spec_config(None, o)
-    if profile != "b11434":
-        raise TranscriptError(f"replaying the {profile} server loop is not implemented yet (b11434 is); "
-                              "pass --profile b11434 only if the server really ran that loop")
+    cfg.profile = profile
     if not cfg.types:
         raise TranscriptError("no speculative type: pass the server's --spec-type (a `record` transcript carries it)")
     draft_path = o["draft_path"] or ((rec.speculative or {}).get("draft_model") if rec else None)
@@ -100,7 +121,9 @@ def trace_command(**o) -> None:
     if "draft-simple" in cfg.types:
         if not draft_path:
             raise TranscriptError("--spec-type draft-simple needs the draft model: pass -md/--draft")
-        draft = Model(check_gguf(draft_path))
+        if draft_path not in draft_models:
+            draft_models[draft_path] = Model(check_gguf(draft_path))
+        draft = draft_models[draft_path]
     params = SamplingParams.from_request(endpoint, body)
     n_ctx = o["ctx_size"]
     if not n_ctx and rec is not None and isinstance(rec.container, dict):
@@ -113,16 +136,14 @@ def trace_command(**o) -> None:
         timings = fin.get("timings")
         if timings is not None:
             timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-    res = run(target, prompt, params, cfg, draft=draft, n_ctx=int(n_ctx or 2048), n_predict=_n_predict(body),
-              n_probs=requested_n_probs(endpoint, body) or 5, stop=_stops(body), recorded=recorded,
-              timings=timings, threads=o["threads"])
-    piece = lambda i: target.piece(i).decode("utf-8", "replace")
-    if o["as_json"]:
-        click.echo(json.dumps(res.to_json(piece), indent=2))
-    else:
-        _print(res, piece, o["steps_range"])
-    if res.reproduced is False:
-        raise SystemExit(1)
+    try:
+        return run(target, prompt, params, cfg, draft=draft, n_ctx=int(n_ctx or 2048), n_predict=_n_predict(body),
+                   n_probs=requested_n_probs(endpoint, body) or 5, stop=_stops(body), recorded=recorded,
+                   timings=timings, threads=o["threads"], server_state=server_state)
+    except TranscriptError as e:
+        if rec is not None and e.source is None:
+            raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
+        raise
 
 
 def _print(res: TraceResult, piece, steps_range: str | None) -> None:

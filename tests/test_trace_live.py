@@ -107,3 +107,33 @@ def test_unreplayable_transcripts_say_what_is_missing(smollm2, tmp_path):
     p.write_text(json.dumps(base))
     r = CliRunner().invoke(main, ["trace", str(p), "-m", str(smollm2), "-md", str(smollm2)])
     assert r.exit_code == 1 and "no fixed seed" in r.output
+
+
+@pytest.fixture(scope="module")
+def server_0c1e570():
+    """llama-server built from llama-cpp-python 0.3.36's vendored llama.cpp (0c1e570)."""
+    from replay.build import BuildSpec, ensure_built
+    return ensure_built(BuildSpec("0c1e570"))
+
+
+@pytest.mark.parametrize("types,temp", [(("draft-simple",), 0.0), (("draft-simple",), 1.0), (("ngram-mod",), 0.0)],
+                         ids=["draft-simple-t0", "draft-simple-t1", "ngram-mod"])
+def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, types, temp):
+    from replay.server import LlamaServer
+    draft = smollm2 if "draft-simple" in types else None
+    prompt = "Once upon a time" if draft else REPEAT * 4
+    lines = []
+    with LlamaServer(ServerConfig(model=smollm2, draft=draft, spec_types=types), binary=server_0c1e570.server) as srv:
+        for seed in SEEDS:
+            body = {"prompt": prompt, "n_predict": 24 if draft else 48, "n_probs": 1, "temperature": temp, "seed": seed}
+            t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
+            assert t["server"]["build_info"] == "b0-0c1e570"
+            lines.append(json.dumps(t))
+    jsonl = tmp_path / "all.jsonl"
+    jsonl.write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(main, ["trace", str(jsonl), "-m", str(smollm2), "--json"] + (["-md", str(draft)] if draft else []))
+    assert r.exit_code == 0, r.output[-2000:]
+    recs = json.loads(r.output)["records"]
+    assert len(recs) == 20 and all(x["reproduced"] for x in recs)
+    assert sum(x["draft_n"] for x in recs) > 0
+    assert all(s["rule"] != "rejection" for x in recs for s in x["steps"])

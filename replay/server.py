@@ -44,6 +44,16 @@ def _terminate(proc: subprocess.Popen) -> None:
     _live.discard(proc)
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the server gets SIGTERM if we die without cleaning up (e.g. SIGKILL of pytest)."""
+    try:
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -137,7 +147,7 @@ class LlamaServer:
         env.pop("LLAMA_ARG_HOST", None)
         # a new session: Ctrl-C in a terminal reaches us, and we stop it ourselves
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         _live.add(self.proc)
         try:

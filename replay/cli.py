@@ -361,6 +361,12 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
 @click.option("--spec-draft-sampling", type=click.Choice(["greedy", "probabilistic"]))
 @click.option("--spec-ngram-simple-size-n", type=int)
 @click.option("--spec-ngram-simple-size-m", type=int)
+@click.option("--spec-ngram-map-k-size-n", type=int)
+@click.option("--spec-ngram-map-k-size-m", type=int)
+@click.option("--spec-ngram-map-k-min-hits", type=int)
+@click.option("--spec-ngram-map-k4v-size-n", type=int)
+@click.option("--spec-ngram-map-k4v-size-m", type=int)
+@click.option("--spec-ngram-map-k4v-min-hits", type=int)
 @click.option("--spec-ngram-mod-n-match", type=int)
 @click.option("--spec-ngram-mod-n-max", type=int)
 @click.option("--spec-ngram-mod-n-min", type=int)
@@ -378,7 +384,8 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
 @handle_errors
 def trace(transcript, model, draft_path, request_file, spec_types, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, spec_ngram_simple_size_n, spec_ngram_simple_size_m,
-          spec_ngram_mod_n_match, spec_ngram_mod_n_max, spec_ngram_mod_n_min, profile, prompt, seed, temp,
+          spec_ngram_map_k_size_n, spec_ngram_map_k_size_m, spec_ngram_map_k_min_hits, spec_ngram_map_k4v_size_n,
+          spec_ngram_map_k4v_size_m, spec_ngram_map_k4v_min_hits, spec_ngram_mod_n_match, spec_ngram_mod_n_max, spec_ngram_mod_n_min, profile, prompt, seed, temp,
           n_predict, ctx_size, threads, steps_range, as_json, verbose) -> None:
     """Replay llama-server's speculative loop step by step and check it against a transcript.
 

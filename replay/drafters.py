@@ -121,3 +121,172 @@ class NgramMod:
                     self.i_last = 0
             else:
                 self.n_low = 0
+
+
+# --- ngram-map-k / ngram-map-k4v ------------------------------------------------
+
+NGRAM_MAX_VALUES = 4  # common/ngram-map.h:39
+NGRAM_HASH_MAP_SIZE = 262144  # common/ngram-map.h:42
+NGRAM_MAX_VALUE_COUNT = 16380  # common/ngram-map.cpp:118
+LCG_FACTOR = 2654435761  # common/ngram-map.cpp:11
+
+
+def _map_hash(tokens: Sequence[int], start: int, n: int) -> int:
+    """common_ngram_map_hash: uint32 h = h * 2654435761 + t (common/ngram-map.cpp:14-20)."""
+    h = 0
+    for i in range(n):
+        h = (h * LCG_FACTOR + tokens[start + i]) & 0xFFFFFFFF
+    return h
+
+
+class _Value:
+    __slots__ = ("value_idx", "value_num", "n_accepted")
+
+    def __init__(self, m: int):
+        self.value_idx, self.value_num, self.n_accepted = 0, 0, m
+
+    def copy_from(self, o: "_Value") -> None:
+        self.value_idx, self.value_num, self.n_accepted = o.value_idx, o.value_num, o.n_accepted
+
+
+class _Key:
+    __slots__ = ("key_idx", "stat_idx", "key_num", "values")
+
+    def __init__(self, key_idx: int, m: int):
+        self.key_idx, self.stat_idx, self.key_num = key_idx, 0, 0
+        self.values = [_Value(m) for _ in range(NGRAM_MAX_VALUES)]
+
+
+class NgramMap:
+    """ngram-map-k (key_only) and ngram-map-k4v (common/ngram-map.cpp:121-536, speculative.cpp:1876-1928).
+
+    Per-slot state that persists across requests: the key statistics `keys`, the
+    hash map `key_map` (0 = empty) and the bookkeeping indices. Reproduced
+    literally, including k4v drafting the continuation of the *matched*
+    occurrence rather than of the most frequent stored value (:503-507).
+    Defaults --spec-ngram-map-k{,4v}-size-n 12, -size-m 48, -min-hits 1.
+    """
+
+    def __init__(self, key_only: bool, size_n: int = 12, size_m: int = 48, min_hits: int = 1):
+        self.name = "ngram-map-k" if key_only else "ngram-map-k4v"
+        self.key_only, self.n, self.m, self.min_hits = key_only, size_n, size_m, min_hits
+        self.keys: list[_Key] = []
+        self.key_map: dict[int, int] = {}  # sparse key_map; absent = 0
+        self.key_map_last_idx = 0
+        self.size_last_begin = 0
+        self.idx_last_check = 0
+        self.last_draft_created = False
+        self.last_draft_key_idx = 0
+        self.last_draft_value_idx = 0
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        n, m = self.n, self.m
+        size_begin = len(tokens)
+        cleanup = self.size_last_begin
+        if cleanup > size_begin:
+            cleanup = size_begin - n - m if size_begin > n + m else 0
+        if self.key_map and size_begin < self.idx_last_check:
+            self.key_map = {h: k for h, k in self.key_map.items() if not (k != 0 and k >= cleanup)}
+            self.key_map_last_idx = cleanup - 1 if cleanup > 0 else 0
+        if size_begin < self.idx_last_check and self.keys:
+            for i in range(len(self.keys) - 1, -1, -1):
+                key = self.keys[i]
+                if key.key_idx >= cleanup:
+                    del self.keys[i]
+                    continue
+                if self.key_only:
+                    continue
+                for j in range(NGRAM_MAX_VALUES - 1, -1, -1):
+                    v = key.values[j]
+                    if v.value_idx != 0 and v.value_idx >= cleanup:
+                        for k in range(j, NGRAM_MAX_VALUES - 1):
+                            key.values[k].copy_from(key.values[k + 1])
+                        key.values[-1].value_idx = 0
+                        key.values[-1].value_num = 0
+                if key.values[0].value_idx == 0:
+                    del self.keys[i]
+        self.idx_last_check = size_begin
+        self.size_last_begin = size_begin
+
+    def _matches(self, inp: Sequence[int], j: int, key: Sequence[int]) -> bool:
+        return all(inp[j + k] == key[k] for k in range(self.n))
+
+    def draft(self, inp: Sequence[int], sampled: int, n_max: int) -> list[int]:
+        self.last_draft_created = False
+        self.last_draft_key_idx = self.last_draft_value_idx = 0
+        n, m, cur = self.n, self.m, len(inp)
+        if cur < 2 * n + m:
+            return []
+        self.idx_last_check = cur
+        key = list(inp[cur - n + 1:cur]) + [sampled]
+        match = 0
+        idx_key = self.key_map.get(_map_hash(key, 0, n) % NGRAM_HASH_MAP_SIZE, 0)
+        if idx_key != 0 and idx_key < cur - n - m - 1 and self._matches(inp, idx_key, key):
+            match = idx_key
+        if match == 0 and self.size_last_begin > n + m + 1:
+            for j in range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1):
+                if self._matches(inp, j, key):
+                    match = j
+                    break
+        if match == 0:
+            j = cur - n - m - 1
+            while j > self.size_last_begin and j > self.key_map_last_idx:
+                if self._matches(inp, j, key):
+                    match = j
+                    break
+                j -= 1
+        # add hashes of new n-grams, in the same order (only into empty buckets)
+        if self.size_last_begin > n + m + 1:
+            for j in range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1):
+                self.key_map.setdefault(_map_hash(inp, j, n) % NGRAM_HASH_MAP_SIZE, j)
+        j = cur - n - m - 1
+        while j > self.size_last_begin and j > self.key_map_last_idx:
+            self.key_map.setdefault(_map_hash(inp, j, n) % NGRAM_HASH_MAP_SIZE, j)
+            j -= 1
+        self.key_map_last_idx = max((cur - n - m - 1) & 0xFFFFFFFF, self.key_map_last_idx)
+        if match == 0:
+            return []
+        offset = next((i for i, k in enumerate(self.keys) if self._matches(inp, k.key_idx, key)), len(self.keys))
+        if offset == len(self.keys):
+            self.keys.append(_Key(match, m))
+        cur_key = self.keys[offset]
+        cur_key.key_num = min(cur_key.key_num + 1, NGRAM_MAX_VALUE_COUNT)
+        if self.key_only:
+            n_draft = min(m, cur_key.values[0].n_accepted)
+            self.last_draft_created, self.last_draft_key_idx, self.last_draft_value_idx = True, offset, 0
+            return list(inp[match + n:match + n + n_draft])
+        if cur_key.key_num < self.min_hits:
+            return []
+        for i in range(cur_key.stat_idx, match + 1):
+            if not self._matches(inp, i, key):
+                continue
+            begin = i + n
+            idx_value = -1
+            for v in range(NGRAM_MAX_VALUES):
+                val = cur_key.values[v]
+                if val.value_idx == 0:
+                    val.value_idx, val.value_num, val.n_accepted = begin, 0, m
+                    idx_value = v
+                    break
+                if all(inp[begin + t] == inp[val.value_idx + t] for t in range(m)):
+                    idx_value = v
+                    break
+            if idx_value >= 0:
+                val = cur_key.values[idx_value]
+                val.value_num = min(val.value_num + 1, NGRAM_MAX_VALUE_COUNT)
+        cur_key.stat_idx = match
+        max_occur, slot_max = 0, 0
+        for v in range(NGRAM_MAX_VALUES):
+            if cur_key.values[v].value_num > max_occur:
+                max_occur, slot_max = cur_key.values[v].value_num, v
+        sum_occur = sum(cur_key.values[v].value_num for v in range(NGRAM_MAX_VALUES) if v != slot_max)
+        if sum_occur > 0 and max_occur < 2 * sum_occur:
+            return []
+        n_draft = min(m, cur_key.values[slot_max].n_accepted)
+        self.last_draft_created, self.last_draft_key_idx, self.last_draft_value_idx = True, offset, slot_max
+        return list(inp[match + n:match + n + n_draft])  # the matched occurrence's continuation (:503-507)
+
+    def accept(self, n_accepted: int) -> None:
+        if not self.last_draft_created:
+            return
+        self.keys[self.last_draft_key_idx].values[self.last_draft_value_idx].n_accepted = n_accepted

@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .drafters import NgramMod, NgramSimple
+from .drafters import NgramMap, NgramMod, NgramSimple
 from .errors import TranscriptError
 from .evaluate import server_log, server_softmax, top_n
 from .llama import Context, Model
@@ -33,13 +33,11 @@ from .rng import DRAFT_SEED_XOR, REJECTION_SEED_XOR, MT19937, canonical_float
 from .sampling import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
 from .verify import match_continues, rejection_step
 
-SUPPORTED = ("draft-simple", "ngram-simple", "ngram-mod")
+SUPPORTED = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 UNSUPPORTED = {
     "draft-mtp": "MTP heads need the target's hidden states (src/llama-ext.h), which libllama's C API does not expose",
     "draft-eagle3": "EAGLE-3 needs the target's hidden states (src/llama-ext.h), which libllama's C API does not expose",
     "draft-dflash": "DFlash needs the target's hidden states (src/llama-ext.h), which libllama's C API does not expose",
-    "ngram-map-k": "not implemented yet in spec-replay",
-    "ngram-map-k4v": "not implemented yet in spec-replay",
     "ngram-cache": "not implemented yet in spec-replay",
 }
 PROFILES = ("b11434", "0c1e570")
@@ -57,6 +55,12 @@ class SpecConfig:
     draft_sampling: str = "greedy"  # --spec-draft-sampling
     ngram_simple_size_n: int = 12
     ngram_simple_size_m: int = 48
+    ngram_map_k_size_n: int = 12
+    ngram_map_k_size_m: int = 48
+    ngram_map_k_min_hits: int = 1
+    ngram_map_k4v_size_n: int = 12
+    ngram_map_k4v_size_m: int = 48
+    ngram_map_k4v_min_hits: int = 1
     ngram_mod_n_match: int = 24
     ngram_mod_n_max: int = 64
     ngram_mod_n_min: int = 48
@@ -196,6 +200,15 @@ class SpeculativeLoop:
                 continue
             if t == "ngram-simple":
                 self.drafters.append(NgramSimple(cfg.ngram_simple_size_n, cfg.ngram_simple_size_m))
+            elif t in ("ngram-map-k", "ngram-map-k4v"):
+                # per-slot state that survives requests (SERVER_LOOP.md 4.2)
+                state = server_state if server_state is not None else {}
+                mp = state.get(t)
+                if mp is None:
+                    k = t.replace("-", "_")  # ngram_map_k | ngram_map_k4v
+                    mp = state[t] = NgramMap(t == "ngram-map-k", getattr(cfg, k + "_size_n"),
+                                             getattr(cfg, k + "_size_m"), getattr(cfg, k + "_min_hits"))
+                self.drafters.append(mp)
             elif t == "ngram-mod":
                 state = server_state if server_state is not None else {}
                 mod = state.get("ngram-mod")

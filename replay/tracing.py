@@ -54,6 +54,12 @@ def _spec_config(base: dict | None, o: dict) -> SpecConfig:
                "draft_sampling": ("spec_draft_sampling", b.get("draft_sampling")),
                "ngram_simple_size_n": ("spec_ngram_simple_size_n", ng.get("simple-size-n")),
                "ngram_simple_size_m": ("spec_ngram_simple_size_m", ng.get("simple-size-m")),
+               "ngram_map_k_size_n": ("spec_ngram_map_k_size_n", ng.get("map-k-size-n")),
+               "ngram_map_k_size_m": ("spec_ngram_map_k_size_m", ng.get("map-k-size-m")),
+               "ngram_map_k_min_hits": ("spec_ngram_map_k_min_hits", ng.get("map-k-min-hits")),
+               "ngram_map_k4v_size_n": ("spec_ngram_map_k4v_size_n", ng.get("map-k4v-size-n")),
+               "ngram_map_k4v_size_m": ("spec_ngram_map_k4v_size_m", ng.get("map-k4v-size-m")),
+               "ngram_map_k4v_min_hits": ("spec_ngram_map_k4v_min_hits", ng.get("map-k4v-min-hits")),
                "ngram_mod_n_match": ("spec_ngram_mod_n_match", ng.get("mod-n-match")),
                "ngram_mod_n_max": ("spec_ngram_mod_n_max", ng.get("mod-n-max")),
                "ngram_mod_n_min": ("spec_ngram_mod_n_min", ng.get("mod-n-min"))}

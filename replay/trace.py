@@ -391,6 +391,7 @@ class TraceResult:
     server_draft_n: int | None = None
     server_draft_n_accepted: int | None = None
     post: bool = False
+    server_candidates: list[tuple[int, float]] | None = None  # the transcript's top list at the divergence
 
     @property
     def reproduced(self) -> bool | None:
@@ -412,6 +413,8 @@ class TraceResult:
             "reproduced": self.reproduced, "first_divergence": self.first_divergence,
             "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
             "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
+            "server_candidates_at_divergence": None if self.server_candidates is None else
+            [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
         }
 
 

@@ -139,3 +139,34 @@ def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, 
     assert len(recs) == 20 and all(x["reproduced"] for x in recs)
     assert sum(x["draft_n"] for x in recs) > 0
     assert all(s["rule"] != "rejection" for x in recs for s in x["steps"])
+
+
+def test_first_divergence_shows_both_sides(tmp_path):
+    """A transcript whose first token is not what the seed gives: the divergence is flagged at 0,
+    with the trace's candidates and the server's own top list, and the exit code is 1."""
+    from replay.paths import FIXTURES
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    first = t["response"]["completion_probabilities"][0]
+    other = next(x["id"] for x in first["top_logprobs"] if x["id"] != first["id"])
+    t["response"]["tokens"][0] = other
+    first["id"] = other
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    args = ["trace", str(p), "-m", str(tiny_target()), "-md", str(tiny_draft())]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1
+    assert "first divergence at token 0" in r.output
+    assert "trace candidates" in r.output and "server candidates (logprob)" in r.output
+    res = json.loads(CliRunner().invoke(main, args + ["--json"]).output)
+    assert res["reproduced"] is False and res["first_divergence"] == 0
+    assert len(res["server_candidates_at_divergence"]) == 3
+
+
+def test_steps_range_limits_the_table():
+    from replay.paths import FIXTURES
+    p = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(tiny_target()), "-md", str(tiny_draft()), "--steps", "1:3"])
+    assert r.exit_code == 0, r.output
+    table = r.output.split("\n\n")[0].splitlines()[2:]
+    assert [int(l.split()[0]) for l in table] == [1, 2]
+    assert "reproduced: all 20 tokens" in r.output

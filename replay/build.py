@@ -119,6 +119,7 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
         raise BuildError(f"{REPO_ROOT}/CMakeLists.txt not found: install spec-replay from a source checkout (pip install -e .)")
 
     superbuild = cache_root() / "superbuild" / spec.key
+    _forget_other_checkout(superbuild)
     superbuild.mkdir(parents=True, exist_ok=True)
     log_path = superbuild / "build.log"
     configure = [
@@ -148,6 +149,20 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
     if found is None:
         raise BuildError(f"build of {spec.key} finished but its binaries are missing; full log: {log_path}")
     return found
+
+
+def _forget_other_checkout(superbuild: Path) -> None:
+    """A superbuild directory configured from another checkout of this repository cannot be
+    reused (CMake refuses a different source directory): start it afresh. The llama.cpp
+    build tree and ccache are untouched, so nothing is recompiled."""
+    cache = superbuild / "CMakeCache.txt"
+    if not cache.is_file():
+        return
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            if Path(line.split("=", 1)[1]).resolve() != REPO_ROOT.resolve():
+                shutil.rmtree(superbuild)
+            return
 
 
 def _failure_reason(log_path: Path, tail: list[str]) -> str:

@@ -290,3 +290,77 @@ class NgramMap:
         if not self.last_draft_created:
             return
         self.keys[self.last_draft_key_idx].values[self.last_draft_value_idx].n_accepted = n_accepted
+
+
+# --- ngram-cache ----------------------------------------------------------------
+
+NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # common/ngram-cache.h
+LAX_MIN_SAMPLE, LAX_MIN_PERCENT = (2, 2, 1, 1), (66, 50, 50, 50)  # common/ngram-cache.cpp:60-63
+STRICT_MIN_SAMPLE, STRICT_MIN_PERCENT = (4, 3, 2, 2), (75, 66, 66, 66)
+
+
+class NgramCache:
+    """ngram-cache (common/speculative.cpp:2105-2281, common/ngram-cache.cpp): n-gram (1..4) ->
+    counts of the next token, per slot, kept across requests; drafts up to 8 tokens.
+
+    Part maps keep libstdc++'s unordered_map iteration order (stdmap.py), because the
+    most frequent continuation is the first one met with the highest count. Without
+    -lcs/-lcd the static and dynamic caches are empty, so only the context cache drafts.
+    """
+
+    name = "ngram-cache"
+    N_DRAFT = 8  # speculative.cpp:2272, hard-coded
+
+    def __init__(self) -> None:
+        from .stdmap import StdIntMap
+        self._map = StdIntMap
+        self.context: dict[tuple[int, ...], "StdIntMap"] = {}
+        self.cache_size = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def _update(self, toks: Sequence[int]) -> None:
+        """common_ngram_cache_update with nnew = len(toks): n-grams fully inside `toks`."""
+        for size in range(NGRAM_MIN, NGRAM_MAX + 1):
+            for i in range(size, len(toks)):
+                key = tuple(toks[i - size:i])
+                part = self.context.get(key)
+                if part is None:
+                    part = self.context[key] = self._map()
+                part.increment(toks[i])
+
+    def _try(self, ngrams: list[tuple[int, ...]], min_sample, min_percent) -> int | None:
+        for i in range(len(ngrams) - 1, -1, -1):
+            part = self.context.get(ngrams[i])
+            if part is None:
+                continue
+            max_count, total, best = 0, 0, None
+            for tok, count in part.items():
+                if count * 1 > max_count * 1:  # count_static is 1 without a static cache
+                    best, max_count = tok, count
+                total += count
+            if total < min_sample[i] or 100 * max_count < min_percent[i] * total:
+                continue
+            return best
+        return None
+
+    def draft(self, inp: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        if self.cache_size < len(inp) + 1:
+            self._update(list(inp[self.cache_size:]) + [id_last])
+            self.cache_size = len(inp) + 1
+        seq = list(inp) + [id_last]
+        if len(seq) < NGRAM_STATIC:
+            return []
+        draft: list[int] = []
+        while len(draft) < self.N_DRAFT:
+            full = seq + draft
+            ngrams = [tuple(full[len(full) - size:]) for size in range(NGRAM_MIN, NGRAM_MAX + 1)]
+            tok = self._try(ngrams, LAX_MIN_SAMPLE, LAX_MIN_PERCENT)
+            if tok is None:
+                break  # the dynamic and static caches are empty: nothing else can draft
+            draft.append(tok)
+        return draft
+
+    def accept(self, n_accepted: int) -> None:
+        pass

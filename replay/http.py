@@ -37,8 +37,12 @@ def _open(base: str, path: str, body: Any | None, timeout: float):
         except (ValueError, AttributeError):
             pass
         raise ServerError(f"{url} answered HTTP {e.code}: {detail.strip()[:300]}", url=url, status=e.code) from None
-    except (urllib.error.URLError, ConnectionError, socket.timeout, http.client.HTTPException, OSError) as e:
+    except (socket.timeout, TimeoutError):
+        raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from None
+    except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError) as e:
         reason = getattr(e, "reason", e)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from None
         raise ServerError(f"cannot reach {url}: {reason}", url=url) from None
 
 

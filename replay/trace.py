@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .drafters import NgramMap, NgramMod, NgramSimple
+from .drafters import NgramCache, NgramMap, NgramMod, NgramSimple
 from .errors import TranscriptError
 from .evaluate import server_log, server_softmax, top_n
 from .llama import Context, Model
@@ -33,12 +33,11 @@ from .rng import DRAFT_SEED_XOR, REJECTION_SEED_XOR, MT19937, canonical_float
 from .sampling import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
 from .verify import match_continues, rejection_step
 
-SUPPORTED = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+SUPPORTED = ("draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 UNSUPPORTED = {
     "draft-mtp": "MTP heads need the target's hidden states (src/llama-ext.h), which libllama's C API does not expose",
     "draft-eagle3": "EAGLE-3 needs the target's hidden states (src/llama-ext.h), which libllama's C API does not expose",
     "draft-dflash": "DFlash needs the target's hidden states (src/llama-ext.h), which libllama's C API does not expose",
-    "ngram-cache": "not implemented yet in spec-replay",
 }
 PROFILES = ("b11434", "0c1e570")
 PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
@@ -209,6 +208,9 @@ class SpeculativeLoop:
                     mp = state[t] = NgramMap(t == "ngram-map-k", getattr(cfg, k + "_size_n"),
                                              getattr(cfg, k + "_size_m"), getattr(cfg, k + "_min_hits"))
                 self.drafters.append(mp)
+            elif t == "ngram-cache":
+                state = server_state if server_state is not None else {}
+                self.drafters.append(state.setdefault(t, NgramCache()))  # per slot, kept across requests
             elif t == "ngram-mod":
                 state = server_state if server_state is not None else {}
                 mod = state.get("ngram-mod")

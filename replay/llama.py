@@ -114,8 +114,15 @@ class Model:
             n = L.llama_tokenize(self.vocab, raw, len(raw), buf, n_max, add_special, parse_special)
         return list(buf[:n])
 
+    def _check_id(self, token: int) -> None:
+        # libllama throws std::out_of_range (and the process aborts) for ids outside the vocabulary
+        if not 0 <= token < self.n_vocab:
+            raise ModelError(f"token id {token} is outside {self.path.name}'s vocabulary ({self.n_vocab} tokens): "
+                             "the transcript comes from another model")
+
     def piece(self, token: int, *, special: bool = True) -> bytes:
         """The bytes of one token (llama_token_to_piece, no leading-space stripping)."""
+        self._check_id(token)
         buf = ctypes.create_string_buffer(64)
         n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
         if n < 0:
@@ -124,6 +131,7 @@ class Model:
         return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
+        self._check_id(token)
         return bool(L.llama_vocab_is_eog(self.vocab, token))
 
     @property

@@ -50,15 +50,8 @@ def _entry(e: dict) -> TokenProb:
 
 
 def _entries_of(obj: dict, endpoint: str) -> list[dict]:
-    if endpoint == "/completion":
-        return list(obj.get("completion_probabilities") or [])
-    choices = obj.get("choices") or []
-    if not choices:
-        return []
-    lp = choices[0].get("logprobs")
-    if not isinstance(lp, dict):
-        return []
-    return list(lp.get("content") or [])
+    from .readers import entries_of
+    return list(entries_of(endpoint, obj) or [])
 
 
 def token_probs(endpoint: str, response: dict | None = None, events: Iterable[dict] | None = None) -> list[TokenProb]:

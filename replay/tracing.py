@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from .errors import TranscriptError
+from .errors import ModelError, TranscriptError
 from .evaluate import Gap
 from .llama import Model, set_verbose
 from .models import check_gguf
@@ -131,6 +131,10 @@ def _trace_one(rec: Record | None, target: Model, o: dict, server_state: dict, d
         prompt = target.tokenize(o["prompt"], add_special=True, parse_special=True)
         cfg = _spec_config(None, o)
     cfg.profile = profile
+    bad = next((t for t in prompt if not 0 <= t < target.n_vocab), None)
+    if bad is not None:
+        raise ModelError(f"prompt token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} tokens): "
+                         "the transcript comes from another model")
     if not cfg.types:
         raise TranscriptError("no speculative type: pass the server's --spec-type (a `record` transcript carries it)")
     draft_path = o["draft_path"] or ((rec.speculative or {}).get("draft_model") if rec else None)
@@ -148,7 +152,7 @@ def _trace_one(rec: Record | None, target: Model, o: dict, server_state: dict, d
                  .get("n_ctx"))
     recorded, timings = None, None
     if rec is not None:
-        recorded, _ = recorded_ids(rec, target)
+        recorded, _ = recorded_ids(rec, target)  # Model.piece refuses ids outside the vocabulary
         fin = rec.final() or {}
         timings = fin.get("timings")
         if timings is not None:

@@ -171,3 +171,15 @@ def test_steps_range_limits_the_table():
     table = r.output.split("\n\n")[0].splitlines()[2:]
     assert [int(l.split()[0]) for l in table] == [1, 2]
     assert "reproduced: all 20 tokens" in r.output
+
+
+def test_trace_of_a_transcript_from_another_model(smollm2, tmp_path):
+    """SmolLM2 transcript, tiny model: a one-line error, not libllama's abort on an out-of-range id."""
+    from replay.paths import FIXTURES
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    t["response"]["tokens"][1] = 9690  # a SmolLM2 id
+    t["response"]["completion_probabilities"][1]["id"] = 9690
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(tiny_target()), "-md", str(tiny_draft())])
+    assert r.exit_code == 1 and "another model" in r.output and "Traceback" not in r.output

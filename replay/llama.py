@@ -63,7 +63,23 @@ class DecodeError(SpecReplayError):
         self.code = code
 
 
-class Model:
+class _Owner:
+    """One owner per C handle: close() frees it once; `with` and garbage collection close too."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Model(_Owner):
     """A loaded GGUF model and its vocabulary."""
 
     def __init__(self, path: Path | str):
@@ -91,15 +107,6 @@ class Model:
         if self._ptr is not None:
             L.llama_model_free(self._ptr)
             self._ptr = None
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # --- vocabulary ------------------------------------------------------
 
@@ -193,7 +200,7 @@ FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "bf16": 30}
 
 
-class Context:
+class Context(_Owner):
     """A decoding context, configured like llama-server's (`-c`, `-b`, `-ub`, `-fa`, `-ctk/-ctv`, `-t`)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
@@ -230,15 +237,6 @@ class Context:
             self._ptr = None
             if self in self.model._contexts:
                 self.model._contexts.remove(self)
-
-    def __del__(self):
-        self.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def decode(self, tokens: Sequence[int], pos0: int, outputs: Sequence[bool] | None = None, seq_id: int = 0) -> None:
         """Decode one batch (<= n_batch tokens) at positions pos0.. ; `outputs` marks rows that get logits."""

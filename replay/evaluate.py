@@ -21,7 +21,7 @@ Memory stays flat: one logits row is alive at a time, never an N x vocab array.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 

@@ -66,18 +66,22 @@ class Record:
 
 # --- file level ----------------------------------------------------------------
 
-def read_file(path: Path | str, request: dict | None = None) -> list[Record]:
-    """Every record in a file; `request` pairs with a bare response."""
+def read_source(path: Path | str) -> str:
+    """A transcript file's text; unreadable or non-UTF-8 files are a TranscriptError naming the file."""
     src = str(path)
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
         raise TranscriptError(f"cannot read: {e.strerror}", source=src) from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TranscriptError(f"not UTF-8 text (byte {e.start})", source=src) from None
-    return read_text(text, src, request)
+
+
+def read_file(path: Path | str, request: dict | None = None) -> list[Record]:
+    """Every record in a file; `request` pairs with a bare response."""
+    return read_text(read_source(path), str(path), request)
 
 
 def read_text(text: str, source: str, request: dict | None = None) -> list[Record]:

@@ -18,7 +18,7 @@ from .errors import ModelError, SpecReplayError, TranscriptError
 from .evaluate import Gap, Known, PieceIndex, Truth, Unaligned, truths
 from .llama import Context, Model
 from .probs import n_generated
-from .readers import Record, read_file, read_text
+from .readers import Record, read_source, read_text
 from .sampling import SamplingParams, requested_n_probs
 from .tokens import Ref, build_plan
 
@@ -373,11 +373,7 @@ def recover(source: str | Path | dict | list, model: Model | str | Path, *, requ
         original = _json.dumps(source)
         records = read_text(original, "<object>", request)
     else:
-        try:
-            original = Path(source).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            records = read_file(source, request)  # raises the clear error
-            raise AssertionError("unreachable")
+        original = read_source(source)
         records = read_text(original, str(source), request)
     rec_model = model if isinstance(model, Model) else Model(model)
     r = Recoverer(rec_model, context, tolerance)

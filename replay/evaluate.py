@@ -28,6 +28,7 @@ import numpy as np
 from .errors import ModelError, TranscriptError
 from .llama import Context, Model
 from .sampling import SamplerChain, SamplingParams
+from .softmax import logf, server_probs
 
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
@@ -66,12 +67,10 @@ class Truth:
     post_top: list[tuple[int, float]] | None = None  # post-sampling top-N (id, p), p > 0
 
 
-def server_softmax(logits: np.ndarray) -> np.ndarray:
-    """Probabilities as get_token_probabilities computes them (tools/server/server-common.cpp:1591-1641):
-    float32 `expf(l - max)` and a float32 sum, then `p / sum`."""
-    l32 = logits.astype(np.float32, copy=False)
-    e = np.exp(l32 - l32.max(), dtype=np.float32)
-    return e / np.float32(e.sum(dtype=np.float32))
+def server_softmax(logits: np.ndarray, n_top: int) -> np.ndarray:
+    """Probabilities as get_token_probabilities computes them (tools/server/server-common.cpp:1591-1641)
+    with `n_top` alternatives requested, bit for bit: see softmax.py."""
+    return server_probs(logits, n_top)[0]
 
 
 def server_log(p: np.floating | float) -> float:
@@ -79,7 +78,7 @@ def server_log(p: np.floating | float) -> float:
     p32 = np.float32(p)
     if p32 == 0:
         return float(np.finfo(np.float32).min)
-    return float(np.log(p32))
+    return logf(p32)
 
 
 def top_n(p: np.ndarray, n: int) -> list[tuple[int, float]]:
@@ -246,7 +245,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")
-            p = server_softmax(logits)
+            p = server_softmax(logits, n_top)
             t = Truth(index=index, id=tok, item=item, logprob=server_log(p[tok]),
                       top=[(i, server_log(v)) for i, v in top_n(p, n_top)])
             if chain is not None:

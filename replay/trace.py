@@ -242,7 +242,7 @@ class SpeculativeLoop:
 
     def _emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray) -> bool:
         """Record one emitted token with its true values; False when generation stops after it."""
-        p = server_softmax(logits)
+        p = server_softmax(logits, self.n_probs)
         where = np.nonzero(cands["id"] == tok)[0]
         post_top = []
         for i in range(min(self.n_probs, len(cands))):
@@ -433,7 +433,10 @@ def profile_of(build_info: str | None) -> str | None:
 
 def run(target: Model, prompt: Sequence[int], params: SamplingParams, cfg: SpecConfig, *, draft: Model | None,
         n_ctx: int, n_predict: int, n_probs: int, stop: Sequence[str] = (), recorded: list[int] | None = None,
-        timings: dict | None = None, threads: int = 2, server_state: dict | None = None) -> TraceResult:
+        timings: dict | None = None, threads: int = 2, server_state: dict | None = None,
+        stream: bool = False) -> TraceResult:
+    """Run the loop for one request. `recorded` (the server's ids) is compared token by token; from a
+    stream it may lack a final end-of-generation token (a stream sends no chunk for it)."""
     loop = SpeculativeLoop(target, prompt, params, cfg, draft=draft, n_ctx=n_ctx, n_predict=n_predict,
                            n_probs=n_probs, stop=stop, threads=threads, server_state=server_state)
     try:
@@ -443,6 +446,8 @@ def run(target: Model, prompt: Sequence[int], params: SamplingParams, cfg: SpecC
     ids = [e.id for e in loop.emitted]
     div = None
     if recorded is not None:
+        if stream and len(ids) == len(recorded) + 1 and ids[:-1] == list(recorded) and target.is_eog(ids[-1]):
+            recorded = list(recorded) + [ids[-1]]
         for i in range(max(len(ids), len(recorded))):
             if i >= len(ids) or i >= len(recorded) or ids[i] != recorded[i]:
                 div = i

@@ -442,3 +442,77 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int) ->
 
 if __name__ == "__main__":
     main()
+
+
+@main.command("patch")
+@click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="the llama.cpp checkout to patch")
+@click.option("--profile", type=click.Choice(["b11434", "0c1e570"]),
+              help="patch a pinned source instead of --source")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="write the patch here (default: stdout)")
+@click.option("--force", is_flag=True, help="overwrite an existing --output")
+@click.option("--example", is_flag=True, help="fix examples/speculative/speculative.cpp instead of the server")
+@click.option("--verify", is_flag=True, help="build the patched server and prove it on SmolLM2 and the tiny fixture")
+@click.option("--seeds", default=2, show_default=True, help="seeds per endpoint/stream/mode for --verify")
+@click.option("--json", "as_json", is_flag=True, help="--verify's table as JSON")
+@handle_errors
+def patch_cmd(source: Path | None, profile: str | None, output: Path | None, force: bool, example: bool,
+              verify: bool, seeds: int, as_json: bool) -> None:
+    """Write a fix for llama.cpp that makes the server report real probabilities.
+
+    The patch fills prob and the top-N list of every token llama-server's
+    speculative loop emits (pre- and post-sampling, streamed or not), without
+    changing what is sampled. It is generated for the tree you give (its code
+    shape is recognised: b11434, 0c1e570) and applies with `git apply -p1`.
+    --verify builds the patched and unpatched servers (cached) and checks the
+    patched one against `trace` and the unspeculated server.
+
+    \b
+    spec-replay patch --source ~/llama.cpp -o spec-probs.patch
+    cd ~/llama.cpp && git apply spec-probs.patch
+    spec-replay patch --verify --source ~/llama.cpp
+    spec-replay patch --example --source ~/llama.cpp -o speculative-example.patch
+    """
+    from .fileio import refuse_existing, write_atomic
+    if (source is None) == (profile is None):
+        raise click.UsageError("give --source DIR (your llama.cpp checkout) or --profile b11434|0c1e570")
+    if output is not None:
+        refuse_existing(output, force)
+    if verify:
+        _verify_patch(source, profile or "b11434", example, seeds, as_json)
+        return
+    from .patchcheck import pinned_tree
+    tree = source if source is not None else pinned_tree(profile)
+    if example:
+        from .patches import example_patch
+        made = example_patch(tree)
+    else:
+        from .patches import server_patch
+        made = server_patch(tree)
+    if output is None:
+        click.echo(made.diff, nl=False)
+    else:
+        write_atomic(output, made.diff, force=force)
+        click.echo(f"{output}: patch for {made.path} ({made.profile} code shape); apply with "
+                   f"`git apply -p1 {output}` in the llama.cpp tree", err=True)
+
+
+def _verify_patch(source: Path | None, profile: str, example: bool, seeds: int, as_json: bool) -> None:
+    if example:
+        from .distlab import verify_example_patch
+        verify_example_patch(source, profile, as_json=as_json)
+        return
+    from .patchcheck import HEADERS, table, verify_server_patch
+    say = lambda line: click.echo(line, err=True)
+    shape, rows = verify_server_patch(source, profile, seeds=range(1, seeds + 1), log=None,
+                                      progress=lambda what: say(f"checking {what}"))
+    if as_json:
+        click.echo(json.dumps({"code_shape": shape, "passed": all(r.passed for r in rows),
+                               "rows": [r.to_json() for r in rows]}, indent=2))
+    else:
+        click.echo(tabulate(table(rows), headers=HEADERS))
+        n_fail = sum(not r.passed for r in rows)
+        click.echo(f"\n{len(rows) - n_fail}/{len(rows)} checks passed ({shape} code shape)")
+    if not all(r.passed for r in rows):
+        raise SystemExit(1)

@@ -160,7 +160,8 @@ def _trace_one(rec: Record | None, target: Model, o: dict, server_state: dict, d
     try:
         return run(target, prompt, params, cfg, draft=draft, n_ctx=int(n_ctx or 2048), n_predict=_n_predict(body),
                    n_probs=requested_n_probs(endpoint, body) or 5, stop=_stops(body), recorded=recorded,
-                   timings=timings, threads=o["threads"], server_state=server_state)
+                   timings=timings, threads=o["threads"], server_state=server_state,
+                   stream=bool(rec is not None and rec.stream))
     except TranscriptError as e:
         if rec is not None and e.source is None:
             raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
@@ -211,3 +212,19 @@ def _print(res: TraceResult, piece, steps_range: str | None) -> None:
                 click.echo("  server candidates: none sent for that token (placeholder or missing)")
         else:
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
+
+
+_OPTION_KEYS = ("spec_types", "spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_draft_sampling",
+                "spec_ngram_simple_size_n", "spec_ngram_simple_size_m", "spec_ngram_map_k_size_n",
+                "spec_ngram_map_k_size_m", "spec_ngram_map_k_min_hits", "spec_ngram_map_k4v_size_n",
+                "spec_ngram_map_k4v_size_m", "spec_ngram_map_k4v_min_hits", "spec_ngram_mod_n_match",
+                "spec_ngram_mod_n_max", "spec_ngram_mod_n_min", "draft_path", "ctx_size", "profile")
+
+
+def trace_record(rec: Record, target: Model, *, server_state: dict, draft_models: dict, threads: int = 2,
+                 profile: str | None = None) -> TraceResult:
+    """Trace one recorded request with everything taken from its transcript (the API form of
+    `spec-replay trace FILE`). Pass the same `server_state` for consecutive requests to one server."""
+    o: dict = {k: None for k in _OPTION_KEYS}
+    o.update(spec_types=(), threads=threads, profile=profile)
+    return _trace_one(rec, target, o, server_state, draft_models)

@@ -500,8 +500,7 @@ def patch_cmd(source: Path | None, profile: str | None, output: Path | None, for
 
 def _verify_patch(source: Path | None, profile: str, example: bool, seeds: int, as_json: bool) -> None:
     if example:
-        from .distlab import verify_example_patch
-        verify_example_patch(source, profile, as_json=as_json)
+        _verify_example_patch(source, profile, as_json)
         return
     from .patchcheck import HEADERS, table, verify_server_patch
     say = lambda line: click.echo(line, err=True)
@@ -516,3 +515,80 @@ def _verify_patch(source: Path | None, profile: str, example: bool, seeds: int, 
         click.echo(f"\n{len(rows) - n_fail}/{len(rows)} checks passed ({shape} code shape)")
     if not all(r.passed for r in rows):
         raise SystemExit(1)
+
+
+def _progress_printer():
+    state = {"label": None}
+
+    def show(label: str, done: int, total: int) -> None:
+        if sys.stderr.isatty():
+            click.echo(f"\r{label}: {done}/{total}", err=True, nl=done == total)
+        elif done == total:
+            click.echo(f"{label}: {done}/{total}", err=True)
+        state["label"] = label
+    return show
+
+
+def _verify_example_patch(source: Path | None, profile: str, as_json: bool) -> None:
+    from .distlab import Lab, example_binaries, render, run_lab
+    from .build import BuildSpec, ensure_built
+    from .models import tiny_draft, tiny_target
+    plain, patched = example_binaries(source, profile)
+    server = ensure_built(BuildSpec(profile, source_dir=source)).server
+    lab = Lab(tiny_target(), tiny_draft(), seeds=range(1, 1001))
+    res = run_lab(lab, server, plain, patched_speculative=patched, progress=_progress_printer(),
+                  paths=("d", "e", "f", "d-patched"))
+    ok = res.path("d-patched").verdict == "preserves" and all(
+        s == n for a, b, s, n in res.agreements() if a == "d-patched")
+    if as_json:
+        click.echo(json.dumps({**res.to_json(), "passed": ok}, indent=2))
+    else:
+        click.echo(render(res))
+        click.echo("\npatched llama-speculative: " + ("PASS (preserves the target distribution)" if ok else "FAIL"))
+    if not ok:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.option("-n", "--seeds", "n_seeds", default=1000, show_default=True, help="seeds per path")
+@click.option("--profile", default="b11434", show_default=True, type=click.Choice(["b11434", "0c1e570"]),
+              help="which pinned llama.cpp build provides llama-server and llama-speculative")
+@click.option("--paths", help="only these paths (comma list of a, b-greedy, b-probabilistic, c-greedy, "
+                              "c-probabilistic, d, e, f, d-patched)")
+@click.option("--patched-example", is_flag=True, help="also build and run llama-speculative with the --example patch")
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors
+def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, as_json: bool) -> None:
+    """Which speculative loops sample the target's own distribution? Count and test.
+
+    On the tiny fixture (prompt "gfbdc", prefix "e", --temp 1 --top-k 3), every
+    path generates with N seeds; the token after the prefix is tallied and tested
+    against the target's post-sampling probabilities (chi-square): the real server
+    with and without speculation, spec-replay's trace loop, the real
+    llama-speculative, our reimplementation of it, and that algorithm with its two
+    defects fixed.
+
+    \b
+    spec-replay dist
+    spec-replay dist -n 300 --paths a,d,e,f
+    spec-replay dist --patched-example --json > dist.json
+    """
+    from .build import BuildSpec, ensure_built
+    from .distlab import Lab, example_binaries, render, run_lab
+    from .models import tiny_draft, tiny_target
+    if n_seeds < 1:
+        raise click.UsageError("--seeds must be at least 1")
+    keys = tuple(k.strip() for k in paths.split(",")) if paths else None
+    known = {"a", "b-greedy", "b-probabilistic", "c-greedy", "c-probabilistic", "d", "e", "f", "d-patched"}
+    if keys and not set(keys) <= known:
+        raise click.UsageError(f"unknown path(s): {', '.join(sorted(set(keys) - known))}")
+    if profile == "0c1e570" and keys is None:
+        keys = tuple(k for k in sorted(known) if "probabilistic" not in k)  # no probabilistic drafting there
+    bins = ensure_built(BuildSpec(profile))
+    patched = None
+    if patched_example or (keys and "d-patched" in keys):
+        _, patched = example_binaries(None, profile)
+    lab = Lab(tiny_target(), tiny_draft(), seeds=range(1, n_seeds + 1))
+    res = run_lab(lab, bins.server, bins.speculative, patched_speculative=patched, progress=_progress_printer(),
+                  paths=keys)
+    click.echo(json.dumps(res.to_json(), indent=2) if as_json else render(res))

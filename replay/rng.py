@@ -66,3 +66,72 @@ def canonical_double(r: MT19937) -> float:
     b = r()
     x = (float(a) + float(b) * 4294967296.0) / 18446744073709551616.0
     return x if x < 1.0 else math.nextafter(1.0, 0.0)
+
+
+# --- std::default_random_engine and the distributions llama-speculative draws from ---------------
+# examples/speculative/speculative.cpp:67-68 seeds `std::default_random_engine rng(seed)` and draws
+# `std::uniform_real_distribution<> u_dist` (acceptance), `std::uniform_int_distribution<unsigned>`
+# (which draft sequence to verify, :284-285) and `std::discrete_distribution<>` (residual, :386-390).
+# libstdc++'s default_random_engine is minstd_rand0.
+
+class MinStdRand0:
+    """std::minstd_rand0: x <- 16807 x mod (2^31 - 1); seed s mod m, 0 becomes 1 (bits/random.tcc)."""
+
+    M = 2147483647
+    MIN, MAX = 1, 2147483646
+
+    def __init__(self, seed: int):
+        x = seed % self.M
+        self._x = x if x != 0 else 1
+
+    def __call__(self) -> int:
+        self._x = (16807 * self._x) % self.M
+        return self._x
+
+
+def minstd_canonical_double(r: MinStdRand0) -> float:
+    """generate_canonical<double, 53> over minstd_rand0 (bits/random.tcc): the engine's range
+    R = 2^31 - 2 gives floor(log2 R) = 30 bits per draw, so k = (53 + 30 - 1) // 30 = 2 draws,
+    summed as (g1 - min) + (g2 - min) * R and divided by R^2, in double; clamped below 1."""
+    rr = float(r.MAX - r.MIN + 1)
+    s, t = 0.0, 1.0
+    for _ in range(2):
+        s += float(r() - r.MIN) * t
+        t *= rr
+    x = s / t
+    return x if x < 1.0 else math.nextafter(1.0, 0.0)
+
+
+def minstd_uniform_int(r: MinStdRand0, a: int, b: int) -> int:
+    """uniform_int_distribution<unsigned>(a, b) over minstd_rand0 (bits/uniform_int_dist.h, the
+    downscaling branch): scaling = range_engine // (b - a + 1); draw until below scaling * (b - a + 1).
+    Even a one-value range consumes a draw."""
+    urng_range = r.MAX - r.MIN
+    erange = b - a + 1
+    scaling = urng_range // erange
+    past = erange * scaling
+    while True:
+        v = r() - r.MIN
+        if v < past:
+            return a + v // scaling
+
+
+def minstd_discrete(r: MinStdRand0, probs: list[float]) -> int:
+    """discrete_distribution<int>(probs)(r) (bits/random.tcc): weights normalised by their double
+    sum, cumulative sums with the last forced to 1.0, then lower_bound of one canonical double.
+    Fewer than two weights always give 0 without a draw."""
+    if len(probs) < 2:
+        return 0
+    total = 0.0
+    for p in probs:
+        total += float(p)
+    cp, acc = [], 0.0
+    for p in probs:
+        acc += float(p) / total
+        cp.append(acc)
+    cp[-1] = 1.0
+    u = minstd_canonical_double(r)
+    for i, c in enumerate(cp):  # lower_bound: first c >= u
+        if c >= u:
+            return i
+    return len(cp) - 1

@@ -81,7 +81,7 @@ class Binaries:
 
 
 def build_dir(spec: BuildSpec) -> Path:
-    return cache_root() / "build" / spec.key
+    return cache_root() / "trees" / spec.key / "build"
 
 
 def find_built(spec: BuildSpec) -> Binaries | None:

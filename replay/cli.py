@@ -58,7 +58,7 @@ def main() -> None:
 def build(profile: str, source: Path | None, patch: Path | None, jobs: int, quiet: bool) -> None:
     """Fetch and build llama-server, llama-speculative and llama-quantize.
 
-    Binaries go to ~/.cache/spec-replay/build/<key>/bin (printed at the end);
+    Binaries go to ~/.cache/spec-replay/trees/<key>/build/bin (printed at the end);
     a second run is a no-op.
 
     \b
@@ -219,6 +219,9 @@ def _recover_options(fn):
         click.option("-t", "--threads", default=2, show_default=True),
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
+        click.option("--reuse-prefix", is_flag=True,
+                     help="keep the KV of a prompt prefix shared with the previous record (faster on JSONL with a "
+                          "common system prompt; values may differ from a fresh evaluation in the last float bits)"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
     ]
     for o in reversed(opts):
@@ -226,16 +229,15 @@ def _recover_options(fn):
     return fn
 
 
-def _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
-                 threads, verbose):
-    from .errors import ModelError, TranscriptError
-    from .llama import set_verbose
+def _load_records(transcript, request_file, model):
+    from .errors import TranscriptError
     from .models import check_gguf
-    from .recovery import ContextOptions, recover
-    set_verbose(verbose)
+    from .readers import read_source, read_text
     if not Path(transcript).is_file():
         raise TranscriptError("file not found", source=transcript)
-    check_gguf(model)
+    check_gguf(model)  # a wrong model is reported before anything is parsed
+    if not Path(transcript).is_file():
+        raise TranscriptError("file not found", source=transcript)
     request = None
     if request_file:
         try:
@@ -244,8 +246,19 @@ def _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_siz
             raise TranscriptError(f"invalid JSON ({e})", source=request_file) from None
         if not isinstance(request, dict):
             raise TranscriptError("the request must be a JSON object", source=request_file)
+    original = read_source(transcript)
+    return read_text(original, str(transcript), request), original
+
+
+def _run_recover(records, original, model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads,
+                 reuse_prefix, verbose, *, skip=0, on_record=None):
+    from .llama import set_verbose
+    from .models import check_gguf
+    from .recovery import ContextOptions, recover_records
+    set_verbose(verbose)
+    check_gguf(model)
     opts = ContextOptions(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, flash_attn=flash_attn,
-                          threads=threads)
+                          threads=threads, reuse_prefix=reuse_prefix)
     bar = None
 
     def progress(done: int, total: int) -> None:
@@ -255,10 +268,12 @@ def _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_siz
         if bar is None:
             bar = click.progressbar(length=total, label="recovering records", file=sys.stderr)
             bar.__enter__()
+            bar.update(skip)
         bar.update(done - bar.pos)
 
     try:
-        return recover(transcript, model, request=request, tolerance=tolerance, context=opts, progress=progress)
+        return recover_records(records, original, model, tolerance=tolerance, context=opts, progress=progress,
+                               skip=skip, on_record=on_record)
     finally:
         if bar is not None:
             bar.__exit__(None, None, None)
@@ -282,9 +297,10 @@ def _show(res, as_json: bool, changed_only: bool) -> None:
 @_recover_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="where to write the repaired transcript")
 @click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
+@click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
-            flash_attn, threads, as_json, force, verbose, output, in_place) -> None:
+            flash_attn, threads, as_json, force, reuse_prefix, verbose, output, in_place, resume) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -293,23 +309,35 @@ def recover(transcript, model, request_file, report_file, tolerance, ctx_size, b
     JSONL stays JSONL, every other field is kept. Values the server really
     sent are left as they were and checked.
 
+    A JSONL of many records is written record by record to OUT.partial and
+    moved to OUT at the end: an interrupted run keeps its finished records,
+    and --resume continues after them (the result is byte-identical).
+
     \b
     spec-replay recover run.json -m SmolLM2-135M-Instruct.Q4_1.gguf -o run.fixed.json
     spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --report report.json
+    spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --resume
     spec-replay recover response.json --request request.json -m target.gguf --in-place
     """
     from .fileio import refuse_existing, write_atomic
     if bool(output) == bool(in_place):
         raise click.UsageError("give exactly one of -o/--output and --in-place")
     out = Path(transcript).resolve() if in_place else Path(output)
-    if not in_place:
+    if not in_place and not resume:
         refuse_existing(out, force)
     if report_file:
         if Path(report_file).resolve() in (out.resolve(), Path(transcript).resolve()):
             raise click.UsageError("--report must not be the transcript or the output file")
         refuse_existing(report_file, force)
-    res = _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
-                       threads, verbose)
+    records, original = _load_records(transcript, request_file, model)
+    args = (model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, reuse_prefix, verbose)
+    if len(records) > 1:
+        _recover_journaled(records, original, args, out, transcript, force or in_place, resume, as_json,
+                           report_file)
+        return
+    if resume:
+        raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
+    res = _run_recover(records, original, *args)
     _show(res, as_json, changed_only=False)
     reason = res.failure()
     if report_file:
@@ -324,11 +352,56 @@ def recover(transcript, model, request_file, report_file, tolerance, ctx_size, b
                f"value(s) recovered in {s['records']} record(s)", err=True)
 
 
+def _recover_journaled(records, original, args, out: Path, transcript, force: bool, resume: bool, as_json: bool,
+                       report_file) -> None:
+    import hashlib
+    from .fileio import write_atomic
+    from .journal import Journal
+    from .repair import jsonl_line
+    model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, reuse_prefix, _ = args
+    if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
+        raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
+    fingerprint = {"input": str(Path(transcript).resolve()),
+                   "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
+                   "model": str(Path(model).resolve()), "tolerance": tolerance, "ctx_size": ctx_size,
+                   "batch_size": batch_size, "ubatch_size": ubatch_size, "flash_attn": flash_attn,
+                   "threads": threads, "reuse_prefix": reuse_prefix}
+    journal = Journal(out, fingerprint)
+    done = journal.open(resume=resume, force=force)
+    if done > len(records):
+        raise click.UsageError(f"{journal.path} has {done} records but the input only {len(records)}")
+    failed = []
+
+    def on_record(rec, rep) -> bool:
+        if not rep.recovered:
+            failed.append(rep)
+            return False
+        journal.append(jsonl_line(rec))
+        return True
+
+    try:
+        res = _run_recover(records, original, *args, skip=done, on_record=on_record)
+    finally:
+        journal.close()
+    _show(res, as_json, changed_only=False)
+    if report_file:
+        write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
+    if failed:
+        click.echo(f"Error: {res.failure()}; {out} not written (records before it are kept in {journal.path})",
+                   err=True)
+        sys.exit(1)
+    journal.finish(force=force)
+    s = res.summary()
+    resumed = f" ({done} finished earlier)" if done else ""
+    click.echo(f"wrote {out}: {s['counts']['placeholder']} placeholder and {s['counts']['missing']} missing "
+               f"value(s) recovered in {len(records)} record(s){resumed}", err=True)
+
+
 @main.command()
 @_recover_options
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
-         flash_attn, threads, as_json, force, verbose) -> None:
+         flash_attn, threads, as_json, force, reuse_prefix, verbose) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
     \b
@@ -338,8 +411,9 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
     from .fileio import refuse_existing, write_atomic
     if report_file:
         refuse_existing(report_file, force)
-    res = _run_recover(transcript, model, request_file, tolerance, ctx_size, batch_size, ubatch_size, flash_attn,
-                       threads, verbose)
+    records, original = _load_records(transcript, request_file, model)
+    res = _run_recover(records, original, model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads,
+                       reuse_prefix, verbose)
     if report_file:
         write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
     _show(res, as_json, changed_only=False)

@@ -286,7 +286,7 @@ def pinned_tree(profile: str) -> Path:
     """The unpacked pinned source of a profile (unpacked by its first build)."""
     from .build import BuildSpec, ensure_built
     from .paths import cache_root
-    tree = cache_root() / "src" / profile
+    tree = cache_root() / "trees" / profile / "src"
     if not (tree / "tools" / "server" / "server-context.cpp").is_file():
         ensure_built(BuildSpec(profile))
     return tree

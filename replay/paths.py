@@ -3,8 +3,8 @@
 The cache root is `$SPEC_REPLAY_CACHE`, else `~/.cache/spec-replay`:
 
     sdist/      pinned llama.cpp source packages, as pip downloaded them
-    src/<key>/  unpacked (and patched) llama.cpp trees
-    build/<key>/bin/   llama-server, llama-speculative, llama-quantize, libllama.so
+    trees/<key>/src/   unpacked (and patched) llama.cpp trees
+    trees/<key>/build/ their builds; bin/ holds llama-server, llama-speculative, llama-quantize
     superbuild/<key>/  the CMake superbuild directory of this repository's CMakeLists.txt
     ccache/     compiler cache shared by every tree
     models/     SmolLM2 and its requantised draft

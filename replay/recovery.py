@@ -100,6 +100,7 @@ class ContextOptions:
     type_v: str = "f16"
     threads: int = 2
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
+    reuse_prefix: bool = False  # keep the KV of a prompt prefix shared with the previous record
 
 
 def _n_ctx_of(rec: Record, opts: ContextOptions) -> int:
@@ -121,11 +122,13 @@ class Recoverer:
         self._ctx: Context | None = None
         self._pieces: PieceIndex | None = None
         self._piece_cache: dict[int, bytes] = {}
+        self._kv_prompt: list[int] = []  # the prompt whose KV the context holds (reuse_prefix)
 
     def close(self) -> None:
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
+        self._kv_prompt = []
 
     def piece(self, tid: int) -> bytes:
         if not (0 <= tid < self.model.n_vocab):
@@ -218,10 +221,17 @@ class Recoverer:
                 self._write_back(rec, tr, ref, entry, post, rep.tokens[-1])
             pending.clear()
 
+        keep = 0
+        if self.opts.reuse_prefix:
+            while keep < min(len(prompt), len(self._kv_prompt)) and prompt[keep] == self._kv_prompt[keep]:
+                keep += 1
+        self._kv_prompt = []  # until the walk has decoded this prompt
         try:
             for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post,
-                                chunk=self.opts.chunk,
+                                chunk=self.opts.chunk, keep=keep,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
+                if not self._kv_prompt:
+                    self._kv_prompt = list(prompt)  # the prompt is decoded once the first token is scored
                 if pending and truth.item is not pending[-1].item:
                     flush()
                 ref: Ref | None = getattr(truth.item, "ref", None)
@@ -356,7 +366,7 @@ class RecoverResult:
 
 def recover(source: str | Path | dict | list, model: Model | str | Path, *, request: dict | None = None,
             tolerance: float = DEFAULT_TOLERANCE, context: ContextOptions | None = None,
-            progress=None) -> RecoverResult:
+            progress=None, skip: int = 0, on_record=None) -> RecoverResult:
     """Recover true probabilities for every record of a transcript.
 
     `source` is a path, or an already-parsed object (a transcript, a
@@ -366,23 +376,38 @@ def recover(source: str | Path | dict | list, model: Model | str | Path, *, requ
         >>> res = recover("run.json", model="SmolLM2-135M-Instruct.Q4_1.gguf")
         >>> res.records[0].summary()["counts"]
         {'ok': 1, 'placeholder': 38, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
+
+    `skip` leaves the first records out (finished by an earlier, interrupted run);
+    `on_record(record, report)` is called after each record and may return False to stop.
     """
     import json as _json
-    from .repair import serialise
     if isinstance(source, (dict, list)):
         original = _json.dumps(source)
         records = read_text(original, "<object>", request)
     else:
         original = read_source(source)
         records = read_text(original, str(source), request)
+    return recover_records(records, original, model, tolerance=tolerance, context=context, progress=progress,
+                           skip=skip, on_record=on_record)
+
+
+def recover_records(records: list[Record], original: str, model: Model | str | Path, *,
+                    tolerance: float = DEFAULT_TOLERANCE, context: ContextOptions | None = None,
+                    progress=None, skip: int = 0, on_record=None) -> RecoverResult:
+    """`recover` for records already read from `original` (the file's text)."""
+    from .repair import serialise
     rec_model = model if isinstance(model, Model) else Model(model)
     r = Recoverer(rec_model, context, tolerance)
     reports = []
     try:
         for k, rec in enumerate(records):
+            if k < skip:
+                continue
             reports.append(r.recover(rec))
             if progress is not None:
                 progress(k + 1, len(records))
+            if on_record is not None and on_record(rec, reports[-1]) is False:
+                break
     finally:
         r.close()
-    return RecoverResult(reports, serialise(records, original))
+    return RecoverResult(reports, serialise(records, original) if not skip and on_record is None else "")

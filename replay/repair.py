@@ -93,7 +93,12 @@ def serialise(records: list[Record], original: str) -> str:
     if len(records) == 1 and original.lstrip().startswith(("{", "[")) and _is_single_json(original):
         indent = 2 if "\n " in original or "\n\t" in original else None
         return json.dumps(record_container(records[0]), ensure_ascii=False, indent=indent, allow_nan=False) + "\n"
-    return "".join(_compact(record_container(r)) + "\n" for r in records)
+    return "".join(jsonl_line(r) for r in records)
+
+
+def jsonl_line(rec: Record) -> str:
+    """One record of a multi-record file as its repaired JSONL line (what `serialise` writes for it)."""
+    return _compact(record_container(rec)) + "\n"
 
 
 def _is_single_json(text: str) -> bool:

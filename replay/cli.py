@@ -34,15 +34,44 @@ def handle_errors(fn):
     return wrapper
 
 
+def _version_text() -> str:
+    """spec-replay's version, the libllama it evaluates with, and the servers built so far."""
+    lines = [f"spec-replay {__version__}"]
+    try:
+        import llama_cpp
+        lines.append(f"in-process libllama: llama-cpp-python {llama_cpp.__version__} "
+                     "(vendored llama.cpp 0c1e570, CPU)")
+    except Exception as e:  # pragma: no cover - a broken install still prints a version
+        lines.append(f"in-process libllama: unavailable ({type(e).__name__})")
+    from .build import BuildSpec, find_built
+    for profile in ("b11434", "0c1e570"):
+        bins = find_built(BuildSpec(profile))
+        state = f"built, build_info {bins.build_info}, {bins.bin_dir}" if bins else "not built yet (spec-replay build)"
+        lines.append(f"llama-server {profile}: {state}")
+    return "\n".join(lines)
+
+
+def _show_version(ctx, _param, value) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(_version_text())
+    ctx.exit()
+
+
 @click.group()
-@click.version_option(__version__, prog_name="spec-replay")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="show the version, the llama.cpp builds in use, and exit")
 def main() -> None:
     """Tell the truth about llama.cpp's speculative decoding.
 
     \b
-    spec-replay build                      build the real llama-server (cached)
-    spec-replay record URL -r req.json     record a replayable transcript
     spec-replay check URL                  does the server send placeholder logprobs?
+    spec-replay record URL -r req.json -o t.json     record a replayable transcript
+    spec-replay recover t.json -m target.gguf -o fixed.json   recover the real logprobs
+    spec-replay trace t.json -m target.gguf -md draft.gguf    replay the loop step by step
+    spec-replay patch --source ~/llama.cpp -o fix.patch       a server that reports real probs
+    spec-replay dist                       which loops keep the target distribution
+    spec-replay build                      build the real llama-server (cached)
     """
 
 

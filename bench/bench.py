@@ -1,0 +1,179 @@
+"""spec-replay benchmark: every figure measured side by side in one run, printed as ratios.
+
+    python3 bench/bench.py            # about 8 minutes on 2 cores
+
+SmolLM2-135M Q4_1 on CPU, the b11434 llama-server built by our CMakeLists.txt (SmolLM2 as its
+own draft for the speculating server). Measures:
+
+1. recover throughput vs the raw lower bound (libllama decoding the same tokens with the same
+   schedule, nothing else) and vs regenerating with an unspeculated server;
+2. trace wall time vs the speculating server generating the same response;
+3. peak RSS and time of `spec-replay recover` vs transcript length and vs records per JSONL;
+4. --reuse-prefix on a JSONL whose records share a system prompt.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tabulate import tabulate  # noqa: E402
+
+from replay import models  # noqa: E402
+from replay.build import BuildSpec, ensure_built  # noqa: E402
+from replay.http import post_json  # noqa: E402
+from replay.llama import Context, Model, set_verbose  # noqa: E402
+from replay.readers import read_text  # noqa: E402
+from replay.record import RequestItem, record_one  # noqa: E402
+from replay.recovery import Recoverer  # noqa: E402
+from replay.server import LlamaServer, ServerConfig  # noqa: E402
+from replay.tracing import trace_record  # noqa: E402
+from replay.transcript import dumps  # noqa: E402
+
+PROMPT = "Once upon a time"
+
+
+def body(n: int, seed: int = 1, prompt: str = PROMPT) -> dict:
+    return {"prompt": prompt, "n_predict": n, "n_probs": 5, "temperature": 0.8, "seed": seed, "ignore_eos": True}
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def raw_decode(model: Model, prompt: list[int], generated: list[int], n_ctx: int) -> float:
+    """The lower bound: the prompt in one batch, then one decode per generated token, nothing else."""
+    with Context(model, n_ctx=n_ctx, n_threads=2) as ctx:
+        t = time.perf_counter()
+        ctx.decode(prompt, 0, [False] * (len(prompt) - 1) + [True])
+        pos = len(prompt)
+        for tok in generated[:-1]:
+            ctx.decode([tok], pos, [True])
+            pos += 1
+        return time.perf_counter() - t
+
+
+def rss_run(args: list[str]) -> tuple[float, float]:
+    """Peak RSS (MiB) and wall time of one `spec-replay` subprocess."""
+    code = ("import resource, sys; from replay.cli import main\n"
+            "try:\n    main(sys.argv[1:], standalone_mode=False)\n"
+            "finally:\n    print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - t
+    rss = [l for l in p.stderr.splitlines() if l.startswith("RSS ")]
+    if p.returncode != 0 or not rss:
+        raise SystemExit(f"recover failed: {p.stderr[-2000:]}")
+    return int(rss[-1].split()[1]) / 1024, wall
+
+
+def main() -> None:
+    set_verbose(False)
+    t_all = time.perf_counter()
+    bins = ensure_built(BuildSpec("b11434"))
+    smol = models.smollm2()
+    tmp = Path(tempfile.mkdtemp(prefix="spec-replay-bench-"))
+    rows: list[list] = []
+    spec_cfg = ServerConfig(model=smol, draft=smol, spec_types=("draft-simple",), n_ctx=8192)
+    with LlamaServer(spec_cfg, binary=bins.server) as spec, \
+            LlamaServer(ServerConfig(model=smol, n_ctx=8192), binary=bins.server) as plain:
+        spec_info = spec.config.speculative()
+        # --- 1 + 2: one 200-token transcript -----------------------------------------
+        t200, t_spec = timed(lambda: record_one(spec.url, RequestItem("/completion", body(200)), spec_info))
+        _, t_plain = timed(lambda: post_json(plain.url, "/completion", {**body(200), "cache_prompt": False}))
+        rec = read_text(dumps(t200), "t200.json")[0]
+        model = Model(smol)
+        r = Recoverer(model)
+        r.recover(read_text(dumps(t200), "warm.json")[0])  # warm the context once
+        rep, t_rec = timed(lambda: r.recover(rec))
+        r.close()
+        n = len(rep.tokens)
+        prompt_ids = t200["prompt_tokens"]
+        gen = t200["response"]["tokens"]
+        t_raw = min(raw_decode(model, prompt_ids, gen, 8192) for _ in range(2))
+        trace_res, t_trace = timed(lambda: trace_record(read_text(dumps(t200), "tr.json")[0], model,
+                                                        server_state={}, draft_models={}))
+        assert trace_res.reproduced, "trace did not reproduce the server"
+        rows += [
+            ["recover throughput / raw libllama decode (same schedule)", f"{(n / t_rec) / (n / t_raw):.2f}x",
+             f"{n / t_rec:.1f} vs {n / t_raw:.1f} tok/s", ">= 0.9x"],
+            ["recover time / regenerating with an unspeculated server", f"{t_rec / t_plain:.2f}x",
+             f"{t_rec:.2f} s vs {t_plain:.2f} s (server already running)", "< 1x"],
+            ["trace wall time / the speculating server's request", f"{t_trace / t_spec:.2f}x",
+             f"{t_trace:.2f} s vs {t_spec:.2f} s", "<= 1.3x"],
+        ]
+        # --- 3a: RSS and time vs transcript length --------------------------------------
+        length_rows = []
+        for length in (200, 1000, 4000):
+            t = t200 if length == 200 else record_one(spec.url, RequestItem("/completion", body(length)), spec_info)
+            src = tmp / f"t{length}.json"
+            src.write_text(dumps(t))
+            rss, wall = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / f"o{length}.json"),
+                                 "-c", "8192", "--force"])
+            length_rows.append((length, rss, wall))
+        # --- 3b: RSS and time vs records per JSONL ----------------------------------------
+        shorts = [dumps(record_one(spec.url, RequestItem("/completion", body(4, seed=s)), spec_info), indent=None)
+                  for s in range(1, 11)]
+        count_rows = []
+        for count in (10, 100, 1000):
+            src = tmp / f"n{count}.jsonl"
+            src.write_text("".join(shorts[k % 10] + "\n" for k in range(count)))
+            rss, wall = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / f"on{count}.jsonl"), "--force"])
+            count_rows.append((count, rss, wall))
+        # --- 4: shared system prompt, with and without --reuse-prefix ---------------------
+        system = ("You are a meticulous assistant for a lighthouse museum. " * 40).strip()
+        shared = [dumps(record_one(spec.url, RequestItem("/completion", body(
+            8, seed=s, prompt=f"{system}\nQuestion {s}: what did the keeper do at night?\nAnswer:")), spec_info),
+                        indent=None) for s in range(1, 21)]
+        src = tmp / "shared.jsonl"
+        src.write_text("".join(x + "\n" for x in shared))
+        _, t_fresh = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / "s1.jsonl"), "--force"])
+        _, t_reuse = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / "s2.jsonl"), "--force",
+                              "--reuse-prefix"])
+        diff = _max_diff(tmp / "s1.jsonl", tmp / "s2.jsonl")
+        n_sys = len(json.loads(shared[0])["prompt_tokens"])
+        rows.append(["recover --reuse-prefix speedup (20 records, shared prompt)", f"{t_fresh / t_reuse:.2f}x",
+                     f"{t_fresh:.1f} s vs {t_reuse:.1f} s; prompt {n_sys} tokens; values differ by <= {diff:.1g}",
+                     "> 1x"])
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"SmolLM2-135M Q4_1, llama-server {bins.build_info}")
+    print(tabulate(rows, headers=["measure", "ratio", "figures", "target"]))
+    print()
+    base = length_rows[0]
+    print(tabulate([[n, f"{rss:.0f}", f"{rss / base[1]:.2f}x", f"{wall:.1f}", f"{(wall / n) * 1000:.1f}"]
+                    for n, rss, wall in length_rows],
+                   headers=["transcript tokens", "peak RSS MiB", "RSS vs 200", "wall s", "ms/token"]))
+    print()
+    base = count_rows[0]
+    print(tabulate([[n, f"{rss:.0f}", f"{rss / base[1]:.2f}x", f"{wall:.1f}", f"{wall / n * 1000:.0f}"]
+                    for n, rss, wall in count_rows],
+                   headers=["records in JSONL", "peak RSS MiB", "RSS vs 10", "wall s", "ms/record"]))
+    print(f"\nbenchmark wall time: {time.perf_counter() - t_all:.0f} s")
+
+
+def _max_diff(a: Path, b: Path) -> float:
+    import math
+    worst = 0.0
+    for la, lb in zip(a.read_text().splitlines(), b.read_text().splitlines()):
+        ea = json.loads(la)["response"]["completion_probabilities"]
+        eb = json.loads(lb)["response"]["completion_probabilities"]
+        for x, y in zip(ea, eb):
+            worst = max(worst, abs(x["logprob"] - y["logprob"]))
+            for tx, ty in zip(x["top_logprobs"], y["top_logprobs"]):
+                if not (math.isinf(tx["logprob"]) and math.isinf(ty["logprob"])):
+                    worst = max(worst, abs(tx["logprob"] - ty["logprob"]))
+    return worst
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,6 @@ own draft for the speculating server). Measures:
    schedule, nothing else) and vs regenerating with an unspeculated server;
 2. trace wall time vs the speculating server generating the same response;
 3. peak RSS and time of `spec-replay recover` vs transcript length and vs records per JSONL;
-4. --reuse-prefix on a JSONL whose records share a system prompt.
 """
 from __future__ import annotations
 
@@ -115,7 +114,9 @@ def main() -> None:
         # --- 3a: RSS and time vs transcript length --------------------------------------
         length_rows = []
         for length in (200, 1000, 4000):
-            t = t200 if length == 200 else record_one(spec.url, RequestItem("/completion", body(length)), spec_info)
+            # past the first 256 KV cells a speculating server's own (real) entries drift from a
+            # one-token-per-decode recompute (README, recover), so the long ones come from the plain server
+            t = t200 if length == 200 else record_one(plain.url, RequestItem("/completion", body(length)), {})
             src = tmp / f"t{length}.json"
             src.write_text(dumps(t))
             rss, wall = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / f"o{length}.json"),
@@ -130,21 +131,6 @@ def main() -> None:
             src.write_text("".join(shorts[k % 10] + "\n" for k in range(count)))
             rss, wall = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / f"on{count}.jsonl"), "--force"])
             count_rows.append((count, rss, wall))
-        # --- 4: shared system prompt, with and without --reuse-prefix ---------------------
-        system = ("You are a meticulous assistant for a lighthouse museum. " * 40).strip()
-        shared = [dumps(record_one(spec.url, RequestItem("/completion", body(
-            8, seed=s, prompt=f"{system}\nQuestion {s}: what did the keeper do at night?\nAnswer:")), spec_info),
-                        indent=None) for s in range(1, 21)]
-        src = tmp / "shared.jsonl"
-        src.write_text("".join(x + "\n" for x in shared))
-        _, t_fresh = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / "s1.jsonl"), "--force"])
-        _, t_reuse = rss_run(["recover", str(src), "-m", str(smol), "-o", str(tmp / "s2.jsonl"), "--force",
-                              "--reuse-prefix"])
-        diff = _max_diff(tmp / "s1.jsonl", tmp / "s2.jsonl")
-        n_sys = len(json.loads(shared[0])["prompt_tokens"])
-        rows.append(["recover --reuse-prefix speedup (20 records, shared prompt)", f"{t_fresh / t_reuse:.2f}x",
-                     f"{t_fresh:.1f} s vs {t_reuse:.1f} s; prompt {n_sys} tokens; values differ by <= {diff:.1g}",
-                     "> 1x"])
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"SmolLM2-135M Q4_1, llama-server {bins.build_info}")
     print(tabulate(rows, headers=["measure", "ratio", "figures", "target"]))
@@ -159,20 +145,6 @@ def main() -> None:
                     for n, rss, wall in count_rows],
                    headers=["records in JSONL", "peak RSS MiB", "RSS vs 10", "wall s", "ms/record"]))
     print(f"\nbenchmark wall time: {time.perf_counter() - t_all:.0f} s")
-
-
-def _max_diff(a: Path, b: Path) -> float:
-    import math
-    worst = 0.0
-    for la, lb in zip(a.read_text().splitlines(), b.read_text().splitlines()):
-        ea = json.loads(la)["response"]["completion_probabilities"]
-        eb = json.loads(lb)["response"]["completion_probabilities"]
-        for x, y in zip(ea, eb):
-            worst = max(worst, abs(x["logprob"] - y["logprob"]))
-            for tx, ty in zip(x["top_logprobs"], y["top_logprobs"]):
-                if not (math.isinf(tx["logprob"]) and math.isinf(ty["logprob"])):
-                    worst = max(worst, abs(tx["logprob"] - ty["logprob"]))
-    return worst
 
 
 if __name__ == "__main__":

@@ -248,9 +248,6 @@ def _recover_options(fn):
         click.option("-t", "--threads", default=2, show_default=True),
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
-        click.option("--reuse-prefix", is_flag=True,
-                     help="keep the KV of a prompt prefix shared with the previous record (faster on JSONL with a "
-                          "common system prompt; values may differ from a fresh evaluation in the last float bits)"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
     ]
     for o in reversed(opts):
@@ -280,14 +277,14 @@ def _load_records(transcript, request_file, model):
 
 
 def _run_recover(records, original, model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads,
-                 reuse_prefix, verbose, *, skip=0, on_record=None):
+                 verbose, *, skip=0, on_record=None):
     from .llama import set_verbose
     from .models import check_gguf
     from .recovery import ContextOptions, recover_records
     set_verbose(verbose)
     check_gguf(model)
     opts = ContextOptions(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, flash_attn=flash_attn,
-                          threads=threads, reuse_prefix=reuse_prefix)
+                          threads=threads)
     bar = None
 
     def progress(done: int, total: int) -> None:
@@ -329,7 +326,7 @@ def _show(res, as_json: bool, changed_only: bool) -> None:
 @click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
-            flash_attn, threads, as_json, force, reuse_prefix, verbose, output, in_place, resume) -> None:
+            flash_attn, threads, as_json, force, verbose, output, in_place, resume) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -359,7 +356,7 @@ def recover(transcript, model, request_file, report_file, tolerance, ctx_size, b
             raise click.UsageError("--report must not be the transcript or the output file")
         refuse_existing(report_file, force)
     records, original = _load_records(transcript, request_file, model)
-    args = (model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, reuse_prefix, verbose)
+    args = (model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, verbose)
     if len(records) > 1:
         _recover_journaled(records, original, args, out, transcript, force or in_place, resume, as_json,
                            report_file)
@@ -387,14 +384,14 @@ def _recover_journaled(records, original, args, out: Path, transcript, force: bo
     from .fileio import write_atomic
     from .journal import Journal
     from .repair import jsonl_line
-    model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, reuse_prefix, _ = args
+    model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, _ = args
     if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
         raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
     fingerprint = {"input": str(Path(transcript).resolve()),
                    "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
                    "model": str(Path(model).resolve()), "tolerance": tolerance, "ctx_size": ctx_size,
                    "batch_size": batch_size, "ubatch_size": ubatch_size, "flash_attn": flash_attn,
-                   "threads": threads, "reuse_prefix": reuse_prefix}
+                   "threads": threads}
     journal = Journal(out, fingerprint)
     done = journal.open(resume=resume, force=force)
     if done > len(records):
@@ -430,7 +427,7 @@ def _recover_journaled(records, original, args, out: Path, transcript, force: bo
 @_recover_options
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
-         flash_attn, threads, as_json, force, reuse_prefix, verbose) -> None:
+         flash_attn, threads, as_json, force, verbose) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
     \b
@@ -442,7 +439,7 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
         refuse_existing(report_file, force)
     records, original = _load_records(transcript, request_file, model)
     res = _run_recover(records, original, model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads,
-                       reuse_prefix, verbose)
+                       verbose)
     if report_file:
         write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
     _show(res, as_json, changed_only=False)

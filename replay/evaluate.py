@@ -126,13 +126,8 @@ class PieceIndex:
 
 
 def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
-         pieces: PieceIndex | None = None, keep: int = 0) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
+         pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
     """Yield (index, token id, plan item, logits that scored it) for every generated token.
-
-    `keep`: the first `keep` prompt tokens are already in the context's KV cache at their
-    positions (an earlier record's prompt shared them); only the rest is decoded. At least
-    the last prompt token is always decoded, as the server does for a fully cached prompt
-    (server-context.cpp:3633-3637).
 
     Known ids are decoded `chunk` at a time; a Gap is resolved one token at a
     time, each step taking, among the tokens whose bytes continue the gap, the
@@ -145,12 +140,8 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     if n_prompt >= ctx.n_ctx:
         raise ModelError(f"the prompt has {n_prompt} tokens but the context holds {ctx.n_ctx}: "
                          "pass a larger --ctx-size (the server's -c)")
-    keep = max(0, min(keep, n_prompt - 1))
-    if keep:
-        ctx.seq_rm(0, keep, -1)
-    else:
-        ctx.clear()
-    for start in range(keep, n_prompt, ctx.n_batch):
+    ctx.clear()
+    for start in range(0, n_prompt, ctx.n_batch):
         part = list(prompt[start:start + ctx.n_batch])
         last = start + len(part) == n_prompt
         ctx.decode(part, start, [False] * (len(part) - 1) + [last])
@@ -240,8 +231,7 @@ def _check_room(ctx: Context, n: int) -> None:
 
 
 def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
-           n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
-           keep: int = 0) -> Iterator[Truth]:
+           n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
@@ -251,7 +241,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
-        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces, keep=keep):
+        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces):
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")

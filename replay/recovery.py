@@ -100,7 +100,21 @@ class ContextOptions:
     type_v: str = "f16"
     threads: int = 2
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
-    reuse_prefix: bool = False  # keep the KV of a prompt prefix shared with the previous record
+
+
+def _tops_agree(server: list[tuple[int, float]], true: list[tuple[int, float]], tol: float) -> bool:
+    """Do the server's top-N alternatives come from the same model? The same ids in the same
+    order with logprobs within `tol`; or, where they differ (the server computed its real
+    entries from speculative verify batches, whose KV drifts from a one-token-per-decode
+    schedule past the first 256-cell window: up to ~0.25 nats on low-probability
+    alternatives), the same id set up to one entry at the boundary."""
+    if len(server) != len(true):
+        return False
+    if all(si == ti and (abs(slp - tlp) <= tol if math.isfinite(slp) and math.isfinite(tlp) else slp == tlp)
+           for (si, slp), (ti, tlp) in zip(server, true)):
+        return True
+    s_ids, t_ids = {i for i, _ in server}, {i for i, _ in true}
+    return len(s_ids & t_ids) >= len(true) - 1
 
 
 def _n_ctx_of(rec: Record, opts: ContextOptions) -> int:
@@ -122,13 +136,11 @@ class Recoverer:
         self._ctx: Context | None = None
         self._pieces: PieceIndex | None = None
         self._piece_cache: dict[int, bytes] = {}
-        self._kv_prompt: list[int] = []  # the prompt whose KV the context holds (reuse_prefix)
 
     def close(self) -> None:
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
-        self._kv_prompt = []
 
     def piece(self, tid: int) -> bytes:
         if not (0 <= tid < self.model.n_vocab):
@@ -167,7 +179,8 @@ class Recoverer:
             for t in (e.get("top_logprobs") or e.get("top_probs") or []):
                 tid, b = t.get("id"), t.get("bytes")
                 if isinstance(tid, int) and isinstance(b, list):
-                    if bytes(b) != self.piece(tid):
+                    # the server renders control tokens as nothing unless started with --special
+                    if bytes(b) != self.piece(tid) and not (not b and not self.model.piece(tid, special=False)):
                         raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
                                          f"{self.piece(tid)!r} in {self.model.path.name}: the transcript comes "
                                          "from another model")
@@ -221,17 +234,10 @@ class Recoverer:
                 self._write_back(rec, tr, ref, entry, post, rep.tokens[-1])
             pending.clear()
 
-        keep = 0
-        if self.opts.reuse_prefix:
-            while keep < min(len(prompt), len(self._kv_prompt)) and prompt[keep] == self._kv_prompt[keep]:
-                keep += 1
-        self._kv_prompt = []  # until the walk has decoded this prompt
         try:
             for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post,
-                                chunk=self.opts.chunk, keep=keep,
+                                chunk=self.opts.chunk,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
-                if not self._kv_prompt:
-                    self._kv_prompt = list(prompt)  # the prompt is decoded once the first token is scored
                 if pending and truth.item is not pending[-1].item:
                     flush()
                 ref: Ref | None = getattr(truth.item, "ref", None)
@@ -270,7 +276,7 @@ class Recoverer:
         server_lp, server_top = _server_values(entry)
         if server_lp == 0.0 and not server_top and n_probs > 0:
             return TokenReport(t.index, t.id, piece, 0.0, _finite(true_lp), "placeholder", top_json)
-        same_ids = [i for i, _ in server_top] == [i for i, _ in true_top[:len(server_top)]] and \
+        same_ids = _tops_agree(server_top, true_top[:len(server_top)], self.tolerance) and \
             len(server_top) == min(len(true_top), n_probs)
         diff = abs(server_lp - true_lp) if math.isfinite(server_lp) and math.isfinite(true_lp) else (0.0 if server_lp == true_lp else math.inf)
         status = "ok" if diff <= self.tolerance and same_ids else "mismatch"

@@ -110,8 +110,37 @@ class Model(_Owner):
 
     # --- vocabulary ------------------------------------------------------
 
+    def _spm_unrepresentable(self, text: str, parse_special: bool) -> str | None:
+        """A character an SPM vocabulary without byte-fallback tokens cannot encode, if any.
+
+        llama.cpp's SPM tokenizer looks such a character up with `token_to_id.at()`
+        (src/llama-vocab.cpp, llm_tokenizer_spm_session::resegment) and the uncaught
+        std::out_of_range aborts the process; real SPM models have <0xNN> byte tokens, the
+        tiny fixture does not."""
+        if getattr(self, "_spm_chars", None) is None:
+            self._spm_chars = frozenset()
+            self._spm_specials: tuple[str, ...] = ()
+            if int(L.llama_vocab_type(self.vocab)) == 1:  # LLAMA_VOCAB_TYPE_SPM
+                texts = [(L.llama_vocab_get_text(self.vocab, t) or b"").decode("utf-8", "replace")
+                         for t in range(self.n_vocab)]
+                if "<0x41>" not in texts:
+                    self._spm_chars = frozenset(x for x in texts if len(x) == 1)
+                    self._spm_specials = tuple(sorted((x for x in texts if len(x) > 1), key=len, reverse=True))
+        if not self._spm_chars:
+            return None
+        if parse_special:
+            for sp in self._spm_specials:
+                text = text.replace(sp, "")
+        return next((c for c in text.replace(" ", "\u2581") if c not in self._spm_chars), None)
+
     def tokenize(self, text: str | bytes, *, add_special: bool, parse_special: bool) -> list[int]:
-        raw = text.encode("utf-8") if isinstance(text, str) else text
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        bad = self._spm_unrepresentable(text, parse_special)
+        if bad is not None:
+            raise ModelError(f"{self.path.name} cannot tokenize {bad!r}: its SPM vocabulary has no byte-fallback "
+                             "tokens for characters outside it (the text comes from another model?)")
+        raw = text.encode("utf-8")
         n_max = len(raw) + 8
         buf = (L.llama_token * n_max)()
         n = L.llama_tokenize(self.vocab, raw, len(raw), buf, n_max, add_special, parse_special)

@@ -76,3 +76,20 @@ def server_factory(b11434):
     yield start
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def compile_cpp(tmp_path_factory):
+    """Compile a C++ reference program with g++ (the libstdc++ the emulations must match)."""
+    import shutil
+    import subprocess
+
+    def compile_(name: str, source: str) -> Path:
+        gxx = shutil.which("g++")
+        if gxx is None:
+            pytest.fail("g++ is needed to check the emulation against libstdc++ (scripts/setup installs it)")
+        d = tmp_path_factory.mktemp(name)
+        (d / f"{name}.cpp").write_text(source)
+        subprocess.run([gxx, "-O1", "-o", str(d / name), str(d / f"{name}.cpp")], check=True)
+        return d / name
+    return compile_

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 
 import numpy as np
@@ -53,14 +52,8 @@ int main() {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.fail("g++ is needed to check the emulation against libstdc++ (scripts/setup installs it)")
-    d = tmp_path_factory.mktemp("libstdcxx")
-    (d / "r.cpp").write_text(CPP)
-    subprocess.run([gxx, "-O1", "-o", str(d / "r"), str(d / "r.cpp")], check=True)
-    return d / "r"
+def reference(compile_cpp):
+    return compile_cpp("libstdcxx", CPP)
 
 
 def _run(exe, text: str) -> list[str]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 
 import pytest
@@ -29,14 +28,8 @@ int main() {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.fail("g++ is needed to check the emulation against libstdc++ (scripts/setup installs it)")
-    d = tmp_path_factory.mktemp("stdmap")
-    (d / "m.cpp").write_text(CPP)
-    subprocess.run([gxx, "-O1", "-o", str(d / "m"), str(d / "m.cpp")], check=True)
-    return d / "m"
+def reference(compile_cpp):
+    return compile_cpp("stdmap", CPP)
 
 
 def test_iteration_order_matches_libstdcxx(reference):

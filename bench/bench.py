@@ -12,7 +12,6 @@ own draft for the speculating server). Measures:
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess

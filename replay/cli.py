@@ -262,8 +262,6 @@ def _load_records(transcript, request_file, model):
     if not Path(transcript).is_file():
         raise TranscriptError("file not found", source=transcript)
     check_gguf(model)  # a wrong model is reported before anything is parsed
-    if not Path(transcript).is_file():
-        raise TranscriptError("file not found", source=transcript)
     request = None
     if request_file:
         try:

@@ -19,18 +19,21 @@ Each tally is compared with the reference distribution by a chi-square test.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
+import functools
 import re
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .errors import SpecReplayError
+
+if TYPE_CHECKING:
+    from .example_loop import Dist
 
 PROMPT = "gfbdc"
 PREFIX = "e"
@@ -108,23 +111,36 @@ def _params(seed: int):
     return SamplingParams.from_request("/completion", {**SAMPLING, "seed": seed})
 
 
-def _dists(model_path: Path, ids: list[int], continuations: list[int]):
-    """Candidates (after the lab's chain) of a model after `ids`, and after `ids + [t]` for each t."""
+def _after(model, seqs: list[list[int]]) -> list[tuple[np.ndarray, "Dist"]]:
+    """For each token sequence: the loaded model's logits after it, and its candidates after the
+    lab's sampler chain."""
     from .example_loop import Dist
-    from .llama import Context, Model
+    from .llama import Context
     from .sampling import SamplerChain
-    with Model(model_path) as m, Context(m, n_ctx=N_CTX, n_threads=1) as ctx:
-        chain = SamplerChain(m, _params(1))
+    out = []
+    with Context(model, n_ctx=N_CTX, n_threads=1) as ctx:
+        chain = SamplerChain(model, _params(1))
         try:
-            def after(seq: list[int]) -> Dist:
+            for seq in seqs:
                 ctx.clear()
                 ctx.decode(seq, 0, [False] * (len(seq) - 1) + [True])
-                return Dist.of(chain.apply(ctx.logits(len(seq) - 1))[0])
-            return after(ids), {t: after(ids + [t]) for t in continuations}
+                logits = ctx.logits(len(seq) - 1).copy()
+                out.append((logits, Dist.of(chain.apply(logits)[0])))
         finally:
             chain.close()
+    return out
 
 
+@functools.lru_cache(maxsize=8)
+def _vocab(target: Path) -> tuple[dict[int, str], frozenset[int]]:
+    """The fixture's pieces by id and its end-of-generation ids (loaded once per model file)."""
+    from .llama import Model
+    with Model(target) as m:
+        return ({t: m.piece(t).decode("utf-8", "replace") for t in range(m.n_vocab)},
+                frozenset(t for t in range(m.n_vocab) if m.is_eog(t)))
+
+
+@functools.lru_cache(maxsize=8)
 def tokenize(lab: Lab) -> tuple[list[int], int]:
     from .llama import Model
     with Model(lab.target) as m:
@@ -137,9 +153,11 @@ def tokenize(lab: Lab) -> tuple[list[int], int]:
 
 def reference(lab: Lab) -> dict[int, float]:
     """The target's post-sampling probabilities after prompt + prefix, computed in-process."""
+    from .llama import Model
     ids, pre = tokenize(lab)
-    _, after = _dists(lab.target, ids, [pre])
-    return dict(zip(after[pre].ids, after[pre].p))
+    with Model(lab.target) as m:
+        (_, after), = _after(m, [ids + [pre]])
+    return dict(zip(after.ids, after.p))
 
 
 def server_reference(url: str, lab: Lab) -> dict[int, float]:
@@ -223,10 +241,8 @@ def run_example_binary(binary: Path, lab: Lab, *, key: str, label: str, progress
     """Path d: the real llama-speculative, one process per seed (one at a time by default: its
     log thread loses output far more often when processes compete for the cores). It prints
     the prompt followed by the generated text; on the fixture every character is one token."""
-    from .llama import Model
-    with Model(lab.target) as m:
-        by_char = {m.piece(t).decode(): t for t in range(m.n_vocab)}
-        eog = {t for t in range(m.n_vocab) if m.is_eog(t)}
+    pieces, eog = _vocab(lab.target)
+    by_char = {p: t for t, p in pieces.items()}
     args = ["-m", str(lab.target), "-md", str(lab.draft), "-p", lab.prompt, "-n", "4", "-c", str(N_CTX), "-t", "1",
             "--temp", "1.0", "--top-k", "3", "--top-p", "1.0", "--min-p", "0.0", "--repeat-penalty", "1.0",
             "--samplers", ";".join(SAMPLING["samplers"])]
@@ -294,39 +310,31 @@ def run_example_model(lab: Lab, *, fixed: bool, key: str, label: str) -> PathRun
     from .rng import MinStdRand0
     from .sampling import SamplerChain
     ids, _ = tokenize(lab)
-    tgt0, tgt_after = _dists(lab.target, ids, list(range(8)))
-    _, dft_after = _dists(lab.draft, ids, list(range(8)))
-    # raw logits for the chained draws of the fixed variant
-    from .llama import Context
+    _, eog = _vocab(lab.target)
     out: dict[int, tuple[int, ...]] = {}
-    with Model(lab.target) as mt, Model(lab.draft) as md, Context(mt, n_ctx=N_CTX, n_threads=1) as ct, \
-            Context(md, n_ctx=N_CTX, n_threads=1) as cd:
-        ct.decode(ids, 0, [False] * (len(ids) - 1) + [True])
-        logits0 = ct.logits(len(ids) - 1).copy()
-        draft_logits = {}
-        for t in tgt0.ids:
-            cd.clear()
-            seq = ids + [t]
-            cd.decode(seq, 0, [False] * (len(seq) - 1) + [True])
-            draft_logits[t] = cd.logits(len(seq) - 1).copy()
-        eog = {t for t in range(mt.n_vocab) if mt.is_eog(t)}
+    with Model(lab.target) as mt, Model(lab.draft) as md:
+        (logits0, tgt0), = _after(mt, [ids])
+        firsts = list(tgt0.ids)  # the only possible first tokens
+        tgt_after = {t: d for t, (_, d) in zip(firsts, _after(mt, [ids + [t] for t in firsts]))}
+        dft_after = dict(zip(firsts, _after(md, [ids + [t] for t in firsts])))
         for seed in lab.seeds:
             rng = MinStdRand0(seed)
             t1 = first_token(rng, tgt0)
             if t1 in eog:
                 out[seed] = (t1,)
                 continue
+            draft_logits, draft_dist = dft_after[t1]
             if fixed:
                 chain = SamplerChain(mt, _params(seed))
                 try:
                     chain.apply(logits0)  # the target's (discarded) sample of the first token
-                    cands, sel = chain.apply(draft_logits[t1])  # the cloned chain drafts
+                    cands, sel = chain.apply(draft_logits)  # the cloned chain drafts
                     x = int(cands["id"][sel])
                 finally:
                     chain.close()
             else:
-                x = dft_after[t1].ids[0]
-            t2, _ = verify(rng, tgt_after[t1], dft_after[t1], x, fixed=fixed)
+                x = draft_dist.ids[0]
+            t2, _ = verify(rng, tgt_after[t1], draft_dist, x, fixed=fixed)
             out[seed] = (t1, t2)
     return PathRun(key, label, out)
 
@@ -396,12 +404,10 @@ def run_lab(lab: Lab, server_binary: Path, speculative_binary: Path | None, *,
             patched_speculative: Path | None = None, progress: Progress | None = None,
             paths: tuple[str, ...] | None = None) -> LabResult:
     """Run every path (or the keys in `paths`) and test each against the reference."""
-    from .llama import Model
     from .server import LlamaServer, ServerConfig
-    ids, pre = tokenize(lab)
+    _, pre = tokenize(lab)
     ref = reference(lab)
-    with Model(lab.target) as m:
-        pieces = {t: m.piece(t).decode("utf-8", "replace") for t in range(m.n_vocab)}
+    pieces, _ = _vocab(lab.target)
     with LlamaServer(ServerConfig(model=lab.target, n_ctx=N_CTX, threads=1), binary=server_binary) as srv:
         srv_ref = server_reference(srv.url, lab)
     want = lambda k: paths is None or k in paths

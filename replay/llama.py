@@ -134,13 +134,11 @@ class Model(_Owner):
         return next((c for c in text.replace(" ", "\u2581") if c not in self._spm_chars), None)
 
     def tokenize(self, text: str | bytes, *, add_special: bool, parse_special: bool) -> list[int]:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        bad = self._spm_unrepresentable(text, parse_special)
+        raw = text.encode("utf-8") if isinstance(text, str) else text
+        bad = self._spm_unrepresentable(raw.decode("utf-8", "replace"), parse_special)
         if bad is not None:
             raise ModelError(f"{self.path.name} cannot tokenize {bad!r}: its SPM vocabulary has no byte-fallback "
                              "tokens for characters outside it (the text comes from another model?)")
-        raw = text.encode("utf-8")
         n_max = len(raw) + 8
         buf = (L.llama_token * n_max)()
         n = L.llama_tokenize(self.vocab, raw, len(raw), buf, n_max, add_special, parse_special)

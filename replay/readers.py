@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import TranscriptError
 from .transcript import FORMAT, VERSION

@@ -10,7 +10,7 @@ prompt ids against the count the server reports.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from . import __version__

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ModelError, SpecReplayError, TranscriptError
-from .evaluate import Gap, Known, PieceIndex, Truth, Unaligned, truths
+from .evaluate import Gap, PieceIndex, Truth, Unaligned, truths
 from .llama import Context, Model
 from .probs import n_generated
 from .readers import Record, read_source, read_text

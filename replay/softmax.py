@@ -116,6 +116,10 @@ def server_probs(logits: np.ndarray, n_top: int) -> tuple[np.ndarray, np.float32
     mx = l32.max()
     e_id = glibc_expf(l32 - mx)
     order_vals = partial_sort_values(l32, n_top)
-    seq = glibc_expf(order_vals - mx)
+    # the ordered sequence equals the id-ordered one except where partial_sort moved a value:
+    # exponentiate only those (expf of the same float is the same float)
+    moved = order_vals != l32
+    seq = e_id.copy()
+    seq[moved] = glibc_expf(order_vals[moved] - mx)
     total = np.add.accumulate(seq, dtype=np.float32)[-1]  # sequential, like `cum_sum += p`
     return e_id / total, total

@@ -16,11 +16,11 @@ entry to rewrite, or the list (and position) to insert new entries into.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from .errors import TranscriptError
 from .evaluate import Gap, Known, PlanItem
-from .readers import CHAT, CMPL, NATIVE, Record, entries_of
+from .readers import CHAT, NATIVE, Record, entries_of
 
 
 @dataclass(eq=False)

@@ -16,7 +16,6 @@ import math
 import pytest
 
 from replay.probs import token_probs
-from replay.readers import read_text
 from replay.record import RequestItem, record_one
 from replay.recovery import recover
 from replay.server import LlamaServer, ServerConfig

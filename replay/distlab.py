@@ -137,7 +137,7 @@ def _vocab(target: Path) -> tuple[dict[int, str], frozenset[int]]:
     from .llama import Model
     with Model(target) as m:
         return ({t: m.piece(t).decode("utf-8", "replace") for t in range(m.n_vocab)},
-                frozenset(t for t in range(m.n_vocab) if m.is_eog(t)))
+                frozenset(m.eog_ids))
 
 
 @functools.lru_cache(maxsize=8)

@@ -28,7 +28,7 @@ import numpy as np
 from .errors import ModelError, TranscriptError
 from .llama import Context, Model
 from .sampling import SamplerChain, SamplingParams
-from .softmax import logf, server_probs
+from .softmax import logf, token_probs
 
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
@@ -67,12 +67,6 @@ class Truth:
     post_top: list[tuple[int, float]] | None = None  # post-sampling top-N (id, p), p > 0
 
 
-def server_softmax(logits: np.ndarray, n_top: int) -> np.ndarray:
-    """Probabilities as get_token_probabilities computes them (tools/server/server-common.cpp:1591-1641)
-    with `n_top` alternatives requested, bit for bit: see softmax.py."""
-    return server_probs(logits, n_top)[0]
-
-
 def server_log(p: np.floating | float) -> float:
     """completion_token_output::logarithm (server-task.cpp:302-305): float log, 0 -> lowest float."""
     p32 = np.float32(p)
@@ -81,14 +75,11 @@ def server_log(p: np.floating | float) -> float:
     return logf(p32)
 
 
-def top_n(p: np.ndarray, n: int) -> list[tuple[int, float]]:
-    """The n most probable ids by descending p (stable for ties: lower id first, like partial_sort mostly)."""
-    if n <= 0:
-        return []
-    n = min(n, len(p))
-    idx = np.argpartition(-p, n - 1)[:n]
-    idx = idx[np.lexsort((idx, -p[idx]))]
-    return [(int(i), float(p[i])) for i in idx]
+def pre_sampling(logits: np.ndarray, tok: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
+    """(logprob of `tok`, top-N (id, logprob)) as the server reports them before sampling
+    (populate_token_probs, server-context.cpp:2129-2150, on get_token_probabilities)."""
+    tp = token_probs(logits, n_top)
+    return server_log(tp.p(tok)), [(i, server_log(v)) for i, v in tp.top]
 
 
 class PieceIndex:
@@ -126,13 +117,16 @@ class PieceIndex:
 
 
 def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
-         pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
+         pieces: PieceIndex | None = None, keep: int = 0) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
     """Yield (index, token id, plan item, logits that scored it) for every generated token.
 
     Known ids are decoded `chunk` at a time; a Gap is resolved one token at a
     time, each step taking, among the tokens whose bytes continue the gap, the
     one the target ranks highest (pieces with the same bytes are told apart by
-    the model's own distribution).
+    the model's own distribution). The first `keep` prompt positions are taken
+    from the context as an earlier walk left them (prefix.plan_prefix says when
+    that is exact); the rest of the prompt is decoded in batches of n_batch from
+    there, as the server does from its n_past.
     """
     n_prompt = len(prompt)
     if n_prompt == 0:
@@ -140,11 +134,12 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     if n_prompt >= ctx.n_ctx:
         raise ModelError(f"the prompt has {n_prompt} tokens but the context holds {ctx.n_ctx}: "
                          "pass a larger --ctx-size (the server's -c)")
-    ctx.clear()
-    for start in range(0, n_prompt, ctx.n_batch):
+    if keep and (keep >= n_prompt or list(ctx.kv_tokens[:keep]) != list(prompt[:keep])):
+        raise ValueError(f"cannot keep {keep} positions: the context does not hold this prompt's prefix")
+    ctx.keep(keep)
+    for start in range(keep, n_prompt, ctx.n_batch):
         part = list(prompt[start:start + ctx.n_batch])
-        last = start + len(part) == n_prompt
-        ctx.decode(part, start, [False] * (len(part) - 1) + [last])
+        ctx.decode(part, start, [False] * (len(part) - 1) + [start + len(part) == n_prompt])
     pending = ctx.logits(-1)  # scores generated token 0
     pos = n_prompt
     index = 0
@@ -231,7 +226,8 @@ def _check_room(ctx: Context, n: int) -> None:
 
 
 def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
-           n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None) -> Iterator[Truth]:
+           n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
+           keep: int = 0) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
@@ -241,13 +237,12 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
-        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces):
+        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces, keep=keep):
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")
-            p = server_softmax(logits, n_top)
-            t = Truth(index=index, id=tok, item=item, logprob=server_log(p[tok]),
-                      top=[(i, server_log(v)) for i, v in top_n(p, n_top)])
+            logprob, top = pre_sampling(logits, tok, n_top)
+            t = Truth(index=index, id=tok, item=item, logprob=logprob, top=top)
             if chain is not None:
                 cands, _sel = chain.apply(logits)
                 ids, ps = cands["id"], cands["p"]

@@ -12,6 +12,7 @@ slot, 2 aborted, -1 invalid batch, < -1 fatal).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import Sequence
@@ -168,6 +169,11 @@ class Model(_Owner):
         self._check_id(token)
         return bool(L.llama_vocab_is_eog(self.vocab, token))
 
+    @functools.cached_property
+    def eog_ids(self) -> tuple[int, ...]:
+        """Every end-of-generation id (EOS, EOT, ...), looked up once per model."""
+        return tuple(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
+
     @property
     def eos(self) -> int:
         return int(L.llama_vocab_eos(self.vocab))
@@ -247,7 +253,9 @@ class Context(_Owner):
         self._ptr = ptr
         self.n_ctx = min(n_ctx, int(L.llama_n_ctx(ptr)))  # libllama may round up; the limit is what was asked
         self.n_batch = n_batch
+        self.n_ubatch = int(L.llama_n_ubatch(ptr))
         self.n_vocab = model.n_vocab
+        self.kv_tokens: list[int] = []  # the token in each KV position 0..len-1 (sequence 0)
         self._batch = Batch(n_batch)
         model._contexts.append(self)
 
@@ -275,7 +283,13 @@ class Context(_Owner):
         self._batch.fill(tokens, pos0, outs, seq_id)
         rc = L.llama_decode(self.ptr, self._batch.raw)
         if rc != 0:
+            self.kv_tokens = []  # unknown state: the next user starts from scratch
             raise DecodeError(rc)
+        if seq_id == 0:
+            if pos0 <= len(self.kv_tokens):
+                self.kv_tokens[pos0:] = tokens
+            else:
+                self.kv_tokens = []
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits of output row `i` of the last batch (-1 = last), float32 [n_vocab]."""
@@ -290,6 +304,18 @@ class Context(_Owner):
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         L.llama_memory_seq_rm(L.llama_get_memory(self.ptr), seq_id, p0, p1)
-
+        if seq_id == 0:
+            if p1 < 0 or p1 >= len(self.kv_tokens):
+                del self.kv_tokens[p0:]
+            else:
+                self.kv_tokens = []  # a hole: no longer a plain prefix
     def clear(self) -> None:
         L.llama_memory_clear(L.llama_get_memory(self.ptr), True)
+        self.kv_tokens = []
+
+    def keep(self, n: int) -> None:
+        """Keep the KV cells of positions 0..n-1 and drop the rest (clear when n is 0)."""
+        if n <= 0:
+            self.clear()
+        else:
+            self.seq_rm(0, n, -1)

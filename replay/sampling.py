@@ -188,7 +188,7 @@ class SamplerChain:
             else:
                 biases.append((int(tok), bias))
         if params.ignore_eos:
-            biases += [(t, -math.inf) for t in range(n_vocab) if model.is_eog(t)]
+            biases += [(t, -math.inf) for t in model.eog_ids]
         n_sup = ctypes.c_int32(0)
         sup = L.llama_vocab_get_suppress_tokens(vocab, ctypes.byref(n_sup))
         biases += [(sup[i], -math.inf) for i in range(n_sup.value)]

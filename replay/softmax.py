@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import heapq
+from dataclasses import dataclass
 from decimal import Decimal, getcontext
 
 import numpy as np
@@ -51,17 +52,16 @@ def glibc_expf(x: np.ndarray) -> np.ndarray:
     """expf of a float32 array (finite inputs <= 88.7), as glibc computes it."""
     xd = x.astype(np.float64)
     z = _INV_LN2_N * xd
-    kd = z + _SHIFT
+    kd = z + _SHIFT  # round to an integer in the low bits
     ki = kd.view(np.uint64)
-    kd = kd - _SHIFT
-    r = z - kd
-    t = _TAB[(ki % _N).astype(np.int64)] + (ki << np.uint64(52 - 5))
+    r = z - (kd - _SHIFT)
+    t = _TAB.take((ki & np.uint64(_N - 1)).astype(np.intp)) + (ki << np.uint64(52 - 5))
     s = t.view(np.float64)
     zz = _C[0] * r + _C[1]
     r2 = r * r
     y = _C[2] * r + 1.0
-    y = zz * r2 + y
-    y = y * s
+    y += zz * r2
+    y *= s
     out = y.astype(np.float32)
     out[x < _UNDERFLOW] = 0.0
     return out
@@ -89,37 +89,104 @@ def libm_expf(x: float) -> float:
     return float(_LIBM.expf(float(x)))
 
 
-def partial_sort_values(v: np.ndarray, n_top: int) -> np.ndarray:
-    """The values of `v` in the order std::partial_sort(begin, begin + n_top, end, greater) leaves them."""
-    n = len(v)
-    n_top = min(n_top, n)
-    if n_top <= 0:
-        return v
-    heap = [float(x) for x in v[:n_top]]  # a min-heap: its top is the entry the next larger value evicts
+def _heap_select(v: np.ndarray, n_top: int) -> tuple[list[float], np.ndarray]:
+    """libstdc++ `__heap_select(first, middle, last, greater)` (bits/stl_algo.h): the first n_top
+    values form a heap whose top is the smallest; scanning the rest, a value larger than that top
+    takes its place in the heap and the top is written where the value was. Returns (heap values,
+    the rest of the array as the scan left it).
+
+    The heap's smallest value only grows, so each block of the scan is first filtered in numpy by
+    the smallest value at its start; blocks double in size as entries become rarer."""
+    heap = [float(x) for x in v[:n_top]]
     heapq.heapify(heap)
     tail = v[n_top:].copy()
-    block = 1024
-    for b0 in range(0, len(tail), block):
-        seg = tail[b0:b0 + block]
+    start, block = 0, 256
+    while start < len(tail):
+        seg = tail[start:start + block]
         for j in np.flatnonzero(seg > heap[0]):
             x = float(seg[j])
             if x > heap[0]:
                 seg[j] = heapq.heapreplace(heap, x)
-    top = np.array(sorted(heap, reverse=True), dtype=v.dtype)
+        start += block
+        block *= 2
+    return heap, tail
+
+
+def partial_sort_values(v: np.ndarray, n_top: int) -> np.ndarray:
+    """The values of `v` in the order std::partial_sort(begin, begin + n_top, end, greater) leaves them."""
+    n_top = min(n_top, len(v))
+    if n_top <= 0:
+        return v
+    heap, tail = _heap_select(v, n_top)
+    top = np.array(sorted(heap, reverse=True), dtype=v.dtype)  # __sort_heap
     return np.concatenate([top, tail])
+
+
+# Once the running float32 sum holds expf(0) = 1 (the maximum comes first after partial_sort), a
+# term below half an ulp of 1 (2^-24) cannot change it under round-to-nearest; expf(d) < 2^-24 for
+# every d <= -16.7 (expf(-17) = 4.1e-8), so terms with a logit below max - 17 are skipped without
+# changing a bit (the float32 rounding of max - 17 is far inside that margin for |logits| <= 1e5).
+_NO_EFFECT = np.float32(-17.0)
+# Logits further than this below the n-th largest cannot tie with it in p (the expf ratio, 1e-3, is
+# four orders of magnitude above float32 rounding), so the top-N is searched only above it.
+_TIE_MARGIN = np.float32(1e-3)
+
+
+@dataclass(frozen=True)
+class TokenProbs:
+    """What get_token_probabilities(ctx, idx, n_top) returns for one logits row, bit for bit,
+    without materialising the per-id vector: its float32 `total` and the top `n_top` (id, p)
+    by descending p (ties: lower id first); `p(id)` gives any other entry."""
+
+    logits: np.ndarray
+    max: np.float32
+    total: np.float32
+    top: tuple[tuple[int, float], ...]
+
+    def p(self, tok: int) -> float:
+        e = glibc_expf(self.logits[tok:tok + 1] - self.max)
+        return float(e[0] / self.total)
+
+
+def token_probs(logits: np.ndarray, n_top: int) -> TokenProbs:
+    """get_token_probabilities (tools/server/server-common.cpp:1591-1641) with `n_top` requested.
+
+    The server partial_sorts the first n_top, takes max = cur[0].logit, sums expf(l - max)
+    sequentially in float32 in the array order partial_sort left, and divides each term by that
+    sum. Here the order comes from `_heap_select`, and only terms that can move the sum
+    (`_NO_EFFECT`) and candidates for the top-N (`_TIE_MARGIN`) are exponentiated."""
+    l32 = logits.astype(np.float32, copy=False)
+    n_top = min(n_top, len(l32))
+    if n_top <= 0 or not np.isfinite(l32).all() or abs(l32).max() > 1e5:
+        return _full(l32, n_top)
+    heap, tail = _heap_select(l32, n_top)
+    top_vals = np.array(sorted(heap, reverse=True), dtype=np.float32)
+    mx = top_vals[0]
+    seq = np.concatenate([top_vals, tail[tail > mx + _NO_EFFECT]])
+    total = np.add.accumulate(glibc_expf(seq - mx), dtype=np.float32)[-1]  # like `cum_sum += p`
+    kth = top_vals[n_top - 1]
+    cand = np.flatnonzero(l32 >= kth - _TIE_MARGIN)
+    p = glibc_expf(l32[cand] - mx) / total
+    if p.min(initial=1.0) == 0.0:  # ties among zero probabilities: id order over the whole vocabulary
+        return _full(l32, n_top)
+    order = np.lexsort((cand, -p))[:n_top]
+    return TokenProbs(l32, mx, total, tuple((int(cand[i]), float(p[i])) for i in order))
+
+
+def _full(l32: np.ndarray, n_top: int) -> TokenProbs:
+    """The direct computation over the whole vocabulary (no partial_sort when n_top is 0)."""
+    mx = l32.max()
+    order_vals = partial_sort_values(l32, n_top)
+    total = np.add.accumulate(glibc_expf(order_vals - mx), dtype=np.float32)[-1]
+    p = glibc_expf(l32 - mx) / total
+    ids = np.lexsort((np.arange(len(p)), -p))[:max(n_top, 0)]
+    return TokenProbs(l32, mx, total, tuple((int(i), float(p[i])) for i in ids))
 
 
 def server_probs(logits: np.ndarray, n_top: int) -> tuple[np.ndarray, np.float32]:
     """Per-id probabilities exactly as get_token_probabilities computes them with `n_top`
-    requested: (p in id order, the float32 sum they were divided by)."""
+    requested: (p in id order, the float32 sum they were divided by). Exponentiates the whole
+    vocabulary; `token_probs` gives the same values for the few ids a report needs."""
     l32 = logits.astype(np.float32, copy=False)
-    mx = l32.max()
-    e_id = glibc_expf(l32 - mx)
-    order_vals = partial_sort_values(l32, n_top)
-    # the ordered sequence equals the id-ordered one except where partial_sort moved a value:
-    # exponentiate only those (expf of the same float is the same float)
-    moved = order_vals != l32
-    seq = e_id.copy()
-    seq[moved] = glibc_expf(order_vals[moved] - mx)
-    total = np.add.accumulate(seq, dtype=np.float32)[-1]  # sequential, like `cum_sum += p`
-    return e_id / total, total
+    t = _full(l32, n_top)
+    return glibc_expf(l32 - t.max) / t.total, t.total

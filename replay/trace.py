@@ -27,7 +27,7 @@ import numpy as np
 
 from .drafters import NgramCache, NgramMap, NgramMod, NgramSimple
 from .errors import TranscriptError
-from .evaluate import server_log, server_softmax, top_n
+from .evaluate import pre_sampling
 from .llama import Context, Model
 from .rng import DRAFT_SEED_XOR, REJECTION_SEED_XOR, MT19937, canonical_float
 from .sampling import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
@@ -242,15 +242,14 @@ class SpeculativeLoop:
 
     def _emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray) -> bool:
         """Record one emitted token with its true values; False when generation stops after it."""
-        p = server_softmax(logits, self.n_probs)
+        logprob, top = pre_sampling(logits, tok, self.n_probs)
         where = np.nonzero(cands["id"] == tok)[0]
         post_top = []
         for i in range(min(self.n_probs, len(cands))):
             if cands["p"][i] == 0.0:
                 break
             post_top.append((int(cands["id"][i]), float(cands["p"][i])))
-        self.emitted.append(Emitted(len(self.emitted), tok, step, server_log(p[tok]),
-                                    [(i, server_log(v)) for i, v in top_n(p, self.n_probs)],
+        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top,
                                     float(cands["p"][where[0]]) if len(where) else 0.0, post_top))
         # process_token (server-context.cpp:1966-2095): stop strings, n_predict, EOG, context
         self.text += self.target.piece(tok, special=False)

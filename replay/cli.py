@@ -165,17 +165,22 @@ def record(url, request_file, requests_file, endpoint, output, force, spec_types
         write_atomic(out, dumps(t) + "\n", force=force)
         click.echo(f"recorded 1 request to {out}", err=True)
         return
+    from .progress import progress_bar
     lines, failed = [], 0
-    for item in parse_request_lines(_read(requests_file), endpoint, requests_file):
-        if isinstance(item, SpecReplayError):
-            click.echo(f"Error: {item}", err=True)
-            failed += 1
-            continue
-        try:
-            lines.append(dumps(record_one(url, item, spec, snapshot=snapshot), indent=None))
-        except TranscriptError as e:
-            click.echo(f"Error: {e}", err=True)
-            failed += 1
+    items = list(parse_request_lines(_read(requests_file), endpoint, requests_file))
+    with progress_bar(len(items), "recording requests") as advance:
+        for k, item in enumerate(items, 1):
+            advance(k - 1)
+            if isinstance(item, SpecReplayError):
+                click.echo(f"Error: {item}", err=True)
+                failed += 1
+                continue
+            try:
+                lines.append(dumps(record_one(url, item, spec, snapshot=snapshot), indent=None))
+            except TranscriptError as e:
+                click.echo(f"Error: {e}", err=True)
+                failed += 1
+        advance(len(items))
     if lines:
         write_atomic(out, "\n".join(lines) + "\n", force=force)
     click.echo(f"recorded {len(lines)} request(s) to {out}" + (f"; {failed} failed" if failed else ""), err=True)
@@ -246,6 +251,9 @@ def _recover_options(fn):
         click.option("-ub", "--ubatch-size", default=512, show_default=True, help="the server's -ub"),
         click.option("-fa", "--flash-attn", default="auto", show_default=True, type=click.Choice(["auto", "on", "off"])),
         click.option("-t", "--threads", default=2, show_default=True),
+        click.option("--no-prefix-reuse", is_flag=True,
+                     help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
+                          "shared with the previous record are kept where that is bit-exact: whole -ub blocks)"),
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
@@ -275,32 +283,18 @@ def _load_records(transcript, request_file, model):
 
 
 def _run_recover(records, original, model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads,
-                 verbose, *, skip=0, on_record=None):
+                 verbose, *, reuse_prefix=True, skip=0, on_record=None):
     from .llama import set_verbose
     from .models import check_gguf
     from .recovery import ContextOptions, recover_records
     set_verbose(verbose)
     check_gguf(model)
     opts = ContextOptions(n_ctx=ctx_size, n_batch=batch_size, n_ubatch=ubatch_size, flash_attn=flash_attn,
-                          threads=threads)
-    bar = None
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if total < 2:
-            return  # one record: the table is the progress
-        if bar is None:
-            bar = click.progressbar(length=total, label="recovering records", file=sys.stderr)
-            bar.__enter__()
-            bar.update(skip)
-        bar.update(done - bar.pos)
-
-    try:
-        return recover_records(records, original, model, tolerance=tolerance, context=opts, progress=progress,
-                               skip=skip, on_record=on_record)
-    finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
+                          threads=threads, reuse_prefix=reuse_prefix)
+    from .progress import progress_bar
+    with progress_bar(len(records), "recovering records", done=skip) as advance:
+        return recover_records(records, original, model, tolerance=tolerance, context=opts,
+                               progress=lambda done, total: advance(done), skip=skip, on_record=on_record)
 
 
 def _show(res, as_json: bool, changed_only: bool) -> None:
@@ -324,7 +318,7 @@ def _show(res, as_json: bool, changed_only: bool) -> None:
 @click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
-            flash_attn, threads, as_json, force, verbose, output, in_place, resume) -> None:
+            flash_attn, threads, no_prefix_reuse, as_json, force, verbose, output, in_place, resume) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -357,7 +351,7 @@ def recover(transcript, model, request_file, report_file, tolerance, ctx_size, b
     args = (model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads, verbose)
     if len(records) > 1:
         _recover_journaled(records, original, args, out, transcript, force or in_place, resume, as_json,
-                           report_file)
+                           report_file, reuse_prefix=not no_prefix_reuse)
         return
     if resume:
         raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
@@ -377,7 +371,7 @@ def recover(transcript, model, request_file, report_file, tolerance, ctx_size, b
 
 
 def _recover_journaled(records, original, args, out: Path, transcript, force: bool, resume: bool, as_json: bool,
-                       report_file) -> None:
+                       report_file, *, reuse_prefix: bool) -> None:
     import hashlib
     from .fileio import write_atomic
     from .journal import Journal
@@ -404,7 +398,7 @@ def _recover_journaled(records, original, args, out: Path, transcript, force: bo
         return True
 
     try:
-        res = _run_recover(records, original, *args, skip=done, on_record=on_record)
+        res = _run_recover(records, original, *args, reuse_prefix=reuse_prefix, skip=done, on_record=on_record)
     finally:
         journal.close()
     _show(res, as_json, changed_only=False)
@@ -425,7 +419,7 @@ def _recover_journaled(records, original, args, out: Path, transcript, force: bo
 @_recover_options
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batch_size, ubatch_size,
-         flash_attn, threads, as_json, force, verbose) -> None:
+         flash_attn, threads, no_prefix_reuse, as_json, force, verbose) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
     \b
@@ -437,7 +431,7 @@ def diff(transcript, model, request_file, report_file, tolerance, ctx_size, batc
         refuse_existing(report_file, force)
     records, original = _load_records(transcript, request_file, model)
     res = _run_recover(records, original, model, tolerance, ctx_size, batch_size, ubatch_size, flash_attn, threads,
-                       verbose)
+                       verbose, reuse_prefix=not no_prefix_reuse)
     if report_file:
         write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
     _show(res, as_json, changed_only=False)

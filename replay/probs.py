@@ -95,6 +95,29 @@ def n_prompt(endpoint: str, final: dict | None) -> int | None:
     return None
 
 
+def n_prompt_cached(final: dict | None) -> int | None:
+    """How many prompt tokens the server took from its slot's cache instead of evaluating them
+    (timings.cache_n = n_prompt_tokens_cache, server-context.cpp:3639; the OpenAI usage's
+    prompt_tokens_details.cached_tokens); None if the response does not say."""
+    if not final:
+        return None
+    t = final.get("timings") or {}
+    if isinstance(t.get("cache_n"), int):
+        return int(t["cache_n"])
+    details = (final.get("usage") or {}).get("prompt_tokens_details") or {}
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        return int(details["cached_tokens"])
+    return None
+
+
+def drafted(final: dict | None) -> bool | None:
+    """Whether the server ran its speculative loop for this response (timings.draft_n > 0);
+    None if the response does not say."""
+    t = (final or {}).get("timings") or {}
+    n = t.get("draft_n")
+    return n > 0 if isinstance(n, int) else None
+
+
 def summarize(values: list[TokenProb]) -> dict[str, Any]:
     n = len(values)
     ph = sum(v.is_placeholder for v in values)

@@ -17,12 +17,19 @@ from typing import Any
 from .errors import ModelError, SpecReplayError, TranscriptError
 from .evaluate import Gap, PieceIndex, Truth, Unaligned, truths
 from .llama import Context, Model
-from .probs import n_generated
+from .prefix import plan_prefix
+from .probs import drafted, n_generated, n_prompt_cached
 from .readers import Record, read_source, read_text
 from .sampling import SamplingParams, requested_n_probs
 from .tokens import Ref, build_plan
 
 DEFAULT_TOLERANCE = 5e-4
+# A speculating server computes its few real entries after the first token on a KV cache built by
+# verify batches, not one token per decode: on CPU the values then drift from the one-per-decode
+# truth (measured on SmolLM2: 8.5e-5 on the token over 4,000 tokens from a short prompt; 0.063 on
+# the last token after a 1,284-token prompt; up to 0.25 on low-probability alternatives). Such an
+# entry is accepted up to this bound, with its difference in the report, and kept as the server sent it.
+SPEC_KV_DRIFT = 0.3
 STATUSES = ("ok", "placeholder", "missing", "mismatch", "unaligned")
 
 
@@ -54,6 +61,9 @@ class RecordReport:
     tokens: list[TokenReport] = field(default_factory=list)
     error: str | None = None
     notes: list[str] = field(default_factory=list)  # gaps that no token row can show
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
+    prefix: str = "fresh"  # how they were kept: "fresh", "shared prefix" or "server cache"
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -79,7 +89,8 @@ class RecordReport:
 
     def to_json(self) -> dict:
         d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
-             "field_kind": self.field_kind, "n_probs": self.n_probs,
+             "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
+             "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:
             d["error"] = self.error
@@ -100,6 +111,7 @@ class ContextOptions:
     type_v: str = "f16"
     threads: int = 2
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
+    reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
 
 
 def _tops_agree(server: list[tuple[int, float]], true: list[tuple[int, float]], tol: float) -> bool:
@@ -135,6 +147,7 @@ class Recoverer:
         self.tolerance = tolerance
         self._ctx: Context | None = None
         self._pieces: PieceIndex | None = None
+        self._exact_upto = 0  # KV positions the previous record left as the server computed them
         self._piece_cache: dict[int, bytes] = {}
 
     def close(self) -> None:
@@ -220,6 +233,13 @@ class Recoverer:
         for t in prompt:
             self.piece(t)  # vocabulary range check
         ctx = self.context(_n_ctx_of(rec, self.opts))
+        final = rec.final()
+        prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final), ctx.n_batch,
+                             ctx.n_ubatch, reuse=self.opts.reuse_prefix)
+        if prefix.note:
+            rep.notes.append(prefix.note)
+        speculative = bool(drafted(final)) or bool((rec.speculative or {}).get("types"))
+        self._exact_upto = 0  # until this record's evaluation completes
         pending: list[Truth] = []  # tokens of a Gap that replaces an id-less entry, until the gap ends
 
         def flush() -> None:
@@ -230,13 +250,13 @@ class Recoverer:
                 entry = ref.entry if k == len(pending) - 1 else None
                 if entry is None and ref.before is None:
                     ref.before = ref.entry
-                rep.tokens.append(self._compare(tr, entry, post, n_probs))
+                rep.tokens.append(self._compare(tr, entry, post, n_probs, speculative))
                 self._write_back(rec, tr, ref, entry, post, rep.tokens[-1])
             pending.clear()
 
         try:
             for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post,
-                                chunk=self.opts.chunk,
+                                chunk=self.opts.chunk, keep=prefix.keep,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 if pending and truth.item is not pending[-1].item:
                     flush()
@@ -245,12 +265,17 @@ class Recoverer:
                     pending.append(truth)
                     continue
                 entry = ref.entry if ref is not None and not isinstance(truth.item, Gap) else None
-                rep.tokens.append(self._compare(truth, entry, post, n_probs))
+                rep.tokens.append(self._compare(truth, entry, post, n_probs, speculative))
                 self._write_back(rec, truth, ref, entry, post, rep.tokens[-1])
             flush()
         except Unaligned as e:
             rep.error = str(e)
             rep.tokens.append(TokenReport(e.index, None, "", None, None, "unaligned", [], note=str(e)))
+        rep.prompt_tokens, rep.reused_prompt_tokens, rep.prefix = len(prompt), prefix.keep, prefix.how
+        # what the next record may keep: the prompt, and the generated tokens too when both we and the
+        # server decoded them one per decode (a speculating server decoded them in verify batches)
+        one_by_one = drafted(final) is False and self.opts.chunk == 1
+        self._exact_upto = len(ctx.kv_tokens) if one_by_one and rep.error is None else len(prompt)
         generated = n_generated(rec.endpoint, rec.final())
         if rep.error is None and generated is not None and generated > len(rep.tokens):
             rep.notes.append(f"the server generated {generated} tokens but its response shows {len(rep.tokens)}: "
@@ -260,7 +285,8 @@ class Recoverer:
 
     # --- comparison ---------------------------------------------------------
 
-    def _compare(self, t: Truth, entry: dict | None, post: bool, n_probs: int) -> TokenReport:
+    def _compare(self, t: Truth, entry: dict | None, post: bool, n_probs: int,
+                 speculative: bool = False) -> TokenReport:
         if post:
             true_lp = math.log(t.post_prob) if t.post_prob else float("-inf")
             true_top = [(i, math.log(p)) for i, p in (t.post_top or [])]
@@ -281,6 +307,10 @@ class Recoverer:
         diff = abs(server_lp - true_lp) if math.isfinite(server_lp) and math.isfinite(true_lp) else (0.0 if server_lp == true_lp else math.inf)
         status = "ok" if diff <= self.tolerance and same_ids else "mismatch"
         note = "" if status == "ok" else (f"|diff| {diff:.2e}" + ("" if same_ids else "; top ids differ"))
+        if status == "mismatch" and speculative and t.index > 0 and same_ids and diff <= SPEC_KV_DRIFT:
+            status = "ok"
+            note = (f"|diff| {diff:.2e}: the speculating server computed this entry on a KV cache built by "
+                    "verify batches (kept as sent)")
         return TokenReport(t.index, t.id, piece, server_lp, _finite(true_lp), status, top_json, note=note)
 
     def _text(self, tid: int) -> str:
@@ -351,7 +381,9 @@ class RecoverResult:
                 counts[k] += v
         diffs = [r.summary()["max_abs_diff_real"] for r in self.records]
         diffs = [d for d in diffs if d is not None]
-        return {"records": len(self.records), "counts": counts, "max_abs_diff_real": max(diffs) if diffs else None}
+        return {"records": len(self.records), "counts": counts, "max_abs_diff_real": max(diffs) if diffs else None,
+                "prompt_tokens": sum(r.prompt_tokens for r in self.records),
+                "reused_prompt_tokens": sum(r.reused_prompt_tokens for r in self.records)}
 
     def to_json(self) -> dict:
         return {"records": [r.to_json() for r in self.records], "summary": self.summary()}

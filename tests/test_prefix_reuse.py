@@ -1,0 +1,150 @@
+"""Records of one file that share a prompt prefix: keeping KV between them, and only where it is exact.
+
+Two cases (replay/prefix.py): the server reused its own cache (`cache_prompt`, its default) and
+said so in `timings.cache_n`, so its values come from that KV state and recover must rebuild
+it; or the server evaluated every prompt from scratch, and keeping whole n_ubatch blocks of a
+shared prefix is a pure speed-up that changes no bit.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replay.prefix import Prefix, plan_prefix, reuse_points
+from replay.record import RequestItem, record_one
+from replay.recovery import ContextOptions, recover
+from replay.server import ServerConfig
+from replay.transcript import dumps
+
+SYSTEM = " ".join(f"Rule {i}: answer politely and mention the number {i * 7 % 13}." for i in range(90))
+QUESTIONS = ["What is the capital of France?", "Name a prime number.", "Write a haiku about rain.",
+             "Why is the sky blue?"]
+SHARED = 1274  # SmolLM2 tokens the four prompts have in common (each is 1,282-1,284 tokens)
+
+
+# --- the rule -------------------------------------------------------------------------------
+
+def test_reuse_points_are_the_ubatch_starts_of_a_fresh_evaluation():
+    assert list(reuse_points(1300, 2048, 512)) == [0, 512, 1024]
+    # n_batch not a multiple of n_ubatch: ubatches restart at every batch, only batch starts qualify
+    assert list(reuse_points(2100, 1000, 512)) == [0, 1000, 2000]
+
+
+def test_a_shared_prefix_is_kept_down_to_a_ubatch_start():
+    a, b = list(range(1284)), list(range(SHARED)) + [9] * 8
+    assert plan_prefix(a, len(a), b, 0, 2048, 512) == Prefix(1024, "shared prefix")
+
+
+def test_the_last_prompt_token_is_always_decoded():
+    p = list(range(1024))
+    assert plan_prefix(p, len(p), p, 0, 2048, 512).keep == 512
+
+
+def test_nothing_past_what_the_previous_record_computed_like_the_server():
+    a, b = list(range(1284)), list(range(1284)) + [1]
+    assert plan_prefix(a, 600, b, 0, 2048, 512).keep == 512
+
+
+def test_reuse_can_be_switched_off_but_the_server_cache_is_always_rebuilt():
+    a, b = list(range(1284)), list(range(SHARED)) + [9] * 8
+    assert plan_prefix(a, len(a), b, 0, 2048, 512, reuse=False) == Prefix(0, "fresh")
+    assert plan_prefix(a, len(a), b, SHARED, 2048, 512, reuse=False) == Prefix(SHARED, "server cache")
+
+
+def test_a_server_cache_left_by_another_request_is_reported():
+    b = list(range(SHARED)) + [9] * 8
+    p = plan_prefix([], 0, b, SHARED, 2048, 512)
+    assert p.keep == 0 and "cache" in p.note
+
+
+# --- live: SmolLM2 on the real b11434 server ---------------------------------------------------
+
+def _record(server, cache_prompt: bool, path: Path) -> list[dict]:
+    info = server.config.speculative() if server.config.draft else {}
+    ts = []
+    for k, q in enumerate(QUESTIONS):
+        body = {"prompt": f"{SYSTEM}\nQ: {q}\nA:", "n_predict": 24, "n_probs": 5, "temperature": 0.8,
+                "seed": k + 1, "cache_prompt": cache_prompt}
+        ts.append(record_one(server.url, RequestItem("/completion", body), info))
+    path.write_text("".join(dumps(t, indent=None) + "\n" for t in ts))
+    return ts
+
+
+@pytest.fixture(scope="module")
+def cached_plain(server_factory, smollm2, tmp_path_factory) -> Path:
+    """Four requests to one plain server with its prompt cache on: it reuses the shared prefix."""
+    srv = server_factory(ServerConfig(model=smollm2))
+    path = tmp_path_factory.mktemp("prefix") / "cached.jsonl"
+    ts = _record(srv, True, path)
+    assert [t["response"]["timings"]["cache_n"] for t in ts] == [0, SHARED, SHARED, SHARED]
+    return path
+
+
+@pytest.fixture(scope="module")
+def fresh_plain(server_factory, smollm2, tmp_path_factory) -> Path:
+    srv = server_factory(ServerConfig(model=smollm2))
+    path = tmp_path_factory.mktemp("prefix") / "fresh.jsonl"
+    ts = _record(srv, False, path)
+    assert all(t["response"]["timings"]["cache_n"] == 0 for t in ts)
+    return path
+
+
+def test_the_servers_own_cache_is_rebuilt_bit_for_bit(cached_plain, smollm2):
+    res = recover(cached_plain, smollm2)
+    assert [r.prefix for r in res.records] == ["fresh", "server cache", "server cache", "server cache"]
+    assert [r.reused_prompt_tokens for r in res.records] == [0, SHARED, SHARED, SHARED]
+    # every value a plain server sends is real: all 4 x 24 agree exactly
+    assert res.ok and res.summary()["counts"]["ok"] == sum(len(r.tokens) for r in res.records)
+    assert res.summary()["max_abs_diff_real"] == 0.0
+
+
+def test_without_that_cache_the_values_are_not_the_servers(cached_plain, smollm2, tmp_path):
+    """Record 2 alone: the server took 1,274 tokens from a cache this file cannot rebuild. A fresh
+    evaluation disagrees with its values, and recover says why and writes nothing."""
+    alone = tmp_path / "second.jsonl"
+    alone.write_text(cached_plain.read_text().splitlines()[1] + "\n")
+    res = recover(alone, smollm2)
+    rep = res.records[0]
+    assert any("took 1274 prompt tokens from its cache" in n for n in rep.notes)
+    assert not res.ok and rep.summary()["max_abs_diff_real"] > 1e-2
+    out = tmp_path / "out.jsonl"
+    p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(alone), "-m", str(smollm2), "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1 and not out.exists()
+    assert "Traceback" not in p.stderr and p.stderr.strip().splitlines()[-1].startswith("Error: ")
+
+
+def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path):
+    outs = {}
+    for flag in ([], ["--no-prefix-reuse"]):
+        out, report = tmp_path / f"out{len(flag)}.jsonl", tmp_path / f"report{len(flag)}.json"
+        p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(fresh_plain), "-m", str(smollm2),
+                            "-o", str(out), "--report", str(report), *flag], capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr
+        rep = json.loads(report.read_text())
+        outs[bool(flag)] = (out.read_bytes(), [r["reused_prompt_tokens"] for r in rep["records"]],
+                            rep["summary"]["max_abs_diff_real"])
+    assert outs[False][1] == [0, 1024, 1024, 1024] and outs[True][1] == [0, 0, 0, 0]
+    assert outs[False][2] == outs[True][2] == 0.0
+    assert outs[False][0] == outs[True][0]
+
+
+def test_a_speculating_server_with_its_cache_on_is_recovered(server_factory, smollm2, tmp_path):
+    srv = server_factory(ServerConfig(model=smollm2, draft=smollm2, spec_types=("draft-simple",)))
+    path = tmp_path / "spec.jsonl"
+    _record(srv, True, path)
+    res = recover(path, smollm2, context=ContextOptions())
+    assert res.ok, res.failure()
+    assert [r.prefix for r in res.records][1:] == ["server cache"] * 3
+    for r in res.records:
+        counts = r.summary()["counts"]
+        assert counts["placeholder"] > 0
+        first = r.tokens[0]
+        assert first.status == "ok" and first.server_logprob == first.true_logprob  # rebuilt state: exact
+        for t in r.tokens[1:]:
+            if t.status == "ok" and t.server_logprob != t.true_logprob:
+                assert "verify batches" in t.note and abs(t.server_logprob - t.true_logprob) <= 0.3

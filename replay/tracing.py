@@ -11,6 +11,7 @@ from tabulate import tabulate
 from .errors import ModelError, TranscriptError
 from .evaluate import Gap
 from .llama import Model, set_verbose
+from .progress import progress_bar
 from .models import check_gguf
 from .readers import Record, read_file
 from .sampling import SamplingParams, requested_n_probs
@@ -95,11 +96,13 @@ def trace_command(**o) -> None:
     server_state: dict = {}
     draft_models: dict[str, Model] = {}
     results = []
-    for rec in records:
-        res = _trace_one(rec, target, o, server_state, draft_models)
-        if rec is not None and res.first_divergence is not None:
-            res.server_candidates = recorded_candidates(rec, res.first_divergence)
-        results.append((rec, res))
+    with progress_bar(len(records), "tracing records") as advance:
+        for rec in records:
+            res = _trace_one(rec, target, o, server_state, draft_models)
+            if rec is not None and res.first_divergence is not None:
+                res.server_candidates = recorded_candidates(rec, res.first_divergence)
+            results.append((rec, res))
+            advance(len(results))
     piece = lambda i: target.piece(i).decode("utf-8", "replace")
     if o["as_json"]:
         if len(results) == 1:

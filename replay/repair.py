@@ -6,7 +6,8 @@ Entries look like the server's (tools/server/server-task.cpp:264-300):
     post-sampling  {"id", "token", "bytes", "prob",    "top_probs":    [{"id", "token", "bytes", "prob"}]}
 
 `token` is the piece cut back to valid UTF-8 (validate_utf8), `bytes` the raw
-piece. Values are float32, printed shortest, like the server's float fields.
+piece. Values are float32 widened to double, which is how the server's JSON (nlohmann, double
+numbers) prints its float fields: -1.9219577312469482, not -1.9219577.
 Files are re-serialised in their own shape: a transcript stays a transcript
 (events as strings), SSE text stays SSE text, JSONL stays JSONL.
 """
@@ -21,8 +22,9 @@ from .readers import Record
 
 
 def f32(x: float) -> float:
-    """The float32 value of x, as the shortest decimal that round-trips it."""
-    return float(str(np.float32(x)))
+    """The float32 value of x as the double the server's JSON holds (it prints that double's
+    shortest round-trip decimal)."""
+    return float(np.float32(x))
 
 
 def _valid_utf8_prefix(b: bytes) -> str:

@@ -270,14 +270,8 @@ def _load_records(transcript, request_file, model):
     if not Path(transcript).is_file():
         raise TranscriptError("file not found", source=transcript)
     check_gguf(model)  # a wrong model is reported before anything is parsed
-    request = None
-    if request_file:
-        try:
-            request = json.loads(_read(request_file))
-        except ValueError as e:
-            raise TranscriptError(f"invalid JSON ({e})", source=request_file) from None
-        if not isinstance(request, dict):
-            raise TranscriptError("the request must be a JSON object", source=request_file)
+    from .fileio import read_request
+    request = read_request(request_file) if request_file else None
     original = read_source(transcript)
     return read_text(original, str(transcript), request), original
 
@@ -503,8 +497,9 @@ def trace(transcript, model, draft_path, request_file, spec_types, spec_draft_n_
               help="draft GGUF (default: the committed tiny noisy draft)")
 @click.option("--prompt", default="bcdbcbcdbcbcdbc", show_default=True)
 @click.option("--n-predict", default=12, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="the audit as JSON (the shape of `check --json`)")
 @handle_errors
-def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int) -> None:
+def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as_json: bool) -> None:
     """Start a real speculating llama-server (draft-simple) and audit it.
 
     Builds llama-server on first use (a few minutes, cached), serves the
@@ -514,6 +509,7 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int) ->
     \b
     spec-replay demo
     spec-replay demo --model target.gguf --draft draft.gguf --prompt "Once upon a time"
+    spec-replay demo --json | jq .verdict
     """
     from .build import ensure_built
     from .check import check as run_check
@@ -525,6 +521,9 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int) ->
         click.echo(f"started {bins.build_info} llama-server at {srv.url}: -m {cfg.model.name} -md {cfg.draft.name} "
                    "--spec-type draft-simple", err=True)
         res = run_check(srv.url, n_predict=n_predict, prompt=prompt)
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+        return
     rows = [[r["index"], r["id"], repr(r["token"]), f"{r['logprob']:.4f}", r["n_top"],
              "PLACEHOLDER" if r["placeholder"] else "real"] for r in res.tokens]
     click.echo(tabulate(rows, headers=["#", "id", "token", "logprob", "top", "status"]))

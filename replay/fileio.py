@@ -61,3 +61,18 @@ def _write(path: Path, directory: Path, data: str | bytes, force: bool) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def read_request(path: Path | str) -> dict:
+    """A request body from a JSON file (`--request`), or one clear TranscriptError."""
+    import json
+    from .errors import TranscriptError
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise TranscriptError(f"cannot read: {e.strerror if isinstance(e, OSError) else e}", source=str(path)) from None
+    except ValueError as e:
+        raise TranscriptError(f"invalid JSON ({e})", source=str(path)) from None
+    if not isinstance(obj, dict):
+        raise TranscriptError("the request must be a JSON object", source=str(path))
+    return obj

@@ -101,13 +101,12 @@ def n_prompt_cached(final: dict | None) -> int | None:
     prompt_tokens_details.cached_tokens); None if the response does not say."""
     if not final:
         return None
+    count = lambda v: v if type(v) is int and v >= 0 else None  # noqa: E731 (bools are not counts)
     t = final.get("timings") or {}
-    if isinstance(t.get("cache_n"), int):
-        return int(t["cache_n"])
+    if count(t.get("cache_n")) is not None:
+        return t["cache_n"]
     details = (final.get("usage") or {}).get("prompt_tokens_details") or {}
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-        return int(details["cached_tokens"])
-    return None
+    return count(details.get("cached_tokens")) if isinstance(details, dict) else None
 
 
 def drafted(final: dict | None) -> bool | None:
@@ -115,7 +114,7 @@ def drafted(final: dict | None) -> bool | None:
     None if the response does not say."""
     t = (final or {}).get("timings") or {}
     n = t.get("draft_n")
-    return n > 0 if isinstance(n, int) else None
+    return n > 0 if type(n) is int else None
 
 
 def summarize(values: list[TokenProb]) -> dict[str, Any]:

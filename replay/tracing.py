@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import click
 from tabulate import tabulate
 
 from .errors import ModelError, TranscriptError
+from .fileio import read_request
 from .evaluate import Gap
 from .llama import Model, set_verbose
 from .progress import progress_bar
@@ -84,9 +84,7 @@ def trace_command(**o) -> None:
     set_verbose(o["verbose"])
     target = Model(check_gguf(o["model"]))
     if o["transcript"]:
-        request = None
-        if o["request_file"]:
-            request = json.loads(Path(o["request_file"]).read_text())
+        request = read_request(o["request_file"]) if o["request_file"] else None
         records = read_file(o["transcript"], request)
     else:
         if not o["prompt"]:

@@ -143,3 +143,29 @@ def test_alignment_never_strands_the_rest_of_a_gap():
     ok = idx.splittable(b"abc")
     assert ok[0] and not ok[2]  # after "ab", "c" cannot be completed
     assert [t for t in idx.candidates(b"abc") if ok[len(idx.pieces[t])]] == [1]
+
+
+@pytest.mark.parametrize("command", ["recover", "diff", "trace"])
+@pytest.mark.parametrize("content,expected", [("{bad", "invalid JSON"), (None, "cannot read"),
+                                              ("[1]", "must be a JSON object")])
+def test_a_bad_request_file_is_one_line(tmp_path, command, content, expected):
+    req = tmp_path / "request.json"
+    if content is not None:
+        req.write_text(content)
+    args = [command, str(FIXTURES / "transcripts" / "tiny-draft-simple.json"), "-m", str(tiny_target()),
+            "--request", str(req)] + (["-o", str(tmp_path / "out.json")] if command == "recover" else [])
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert "Traceback" not in r.output
+    assert expected in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("cache_n", [-3, True, "5", 10**12])
+def test_a_nonsense_cache_count_never_keeps_stale_cells(tmp_path, cache_n):
+    t = mutated(("response", "timings"), {**BASE["response"].get("timings", {}), "cache_n": cache_n})
+    r, out = recover_cli(tmp_path, t)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    if r.exit_code == 0:  # ignored (not a count) or too large to rebuild: a fresh evaluation
+        assert json.loads(out.read_text())["response"]["completion_probabilities"][1]["logprob"] < 0
+    else:
+        assert r.output.strip().splitlines()[-1].startswith("Error: ")

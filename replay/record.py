@@ -122,8 +122,9 @@ def record_one(url: str, item: RequestItem, speculative: dict, *, snapshot: dict
     """Send one request and return its transcript."""
     body = dict(item.body)
     added = []
-    # Exact replay needs the whole prompt evaluated fresh (no KV reuse from an
-    # earlier request), and /completion can return the generated ids themselves.
+    # trace replays the loop from a fresh prompt evaluation, so a request that reused the slot's
+    # cache (recover can rebuild that state from timings.cache_n, trace cannot) may sample
+    # differently; /completion can also return the generated ids themselves.
     if "cache_prompt" not in body:
         body["cache_prompt"] = False
         added.append("cache_prompt")

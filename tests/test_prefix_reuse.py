@@ -74,21 +74,24 @@ def _record(server, cache_prompt: bool, path: Path) -> list[dict]:
     return ts
 
 
+def _plain_jsonl(server_factory, smollm2, tmp_path_factory, cache_prompt: bool) -> tuple[Path, list[dict]]:
+    srv = server_factory(ServerConfig(model=smollm2))  # its own server: an empty slot cache to start
+    path = tmp_path_factory.mktemp("prefix") / f"cache-{cache_prompt}.jsonl"
+    return path, _record(srv, cache_prompt, path)
+
+
 @pytest.fixture(scope="module")
 def cached_plain(server_factory, smollm2, tmp_path_factory) -> Path:
     """Four requests to one plain server with its prompt cache on: it reuses the shared prefix."""
-    srv = server_factory(ServerConfig(model=smollm2))
-    path = tmp_path_factory.mktemp("prefix") / "cached.jsonl"
-    ts = _record(srv, True, path)
+    path, ts = _plain_jsonl(server_factory, smollm2, tmp_path_factory, True)
     assert [t["response"]["timings"]["cache_n"] for t in ts] == [0, SHARED, SHARED, SHARED]
     return path
 
 
 @pytest.fixture(scope="module")
 def fresh_plain(server_factory, smollm2, tmp_path_factory) -> Path:
-    srv = server_factory(ServerConfig(model=smollm2))
-    path = tmp_path_factory.mktemp("prefix") / "fresh.jsonl"
-    ts = _record(srv, False, path)
+    """The same requests with `cache_prompt: false`: every prompt evaluated from scratch."""
+    path, ts = _plain_jsonl(server_factory, smollm2, tmp_path_factory, False)
     assert all(t["response"]["timings"]["cache_n"] == 0 for t in ts)
     return path
 

@@ -11,9 +11,9 @@ import click
 @contextmanager
 def progress_bar(total: int, label: str, done: int = 0) -> Iterator[Callable[[int], None]]:
     """Yield `advance_to(n)`: the bar shows n of `total` items done. Nothing is drawn for a
-    single item (its own output is the progress), and `done` items finished earlier (--resume)
-    start the bar there."""
-    if total < 2:
+    single item (its own output is the progress) or when stderr is not a terminal (logs and
+    pipes get no bar text); `done` items finished earlier (--resume) start the bar there."""
+    if total < 2 or not sys.stderr.isatty():
         yield lambda n: None
         return
     with click.progressbar(length=total, label=label, file=sys.stderr) as bar:

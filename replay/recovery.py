@@ -396,9 +396,14 @@ class RecoverResult:
         bad = [(r, t) for r in self.records for t in r.tokens if t.status in ("mismatch", "unaligned")]
         if bad:
             r, t = bad[0]
+            why = "the replay does not match this server's numerics (model file, build, or context settings)"
+            if r.prefix == "server cache":
+                why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
+                       "rebuilt from the previous record: keep the file in request order, one server slot")
+            elif any("from its cache" in n for n in r.notes):
+                why = "the server took part of this prompt from a cache this file cannot rebuild (see the note)"
             return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
-                    f"{r.record}, token {t.index}, {t.note}); the replay does not match this server's "
-                    "numerics (model file, build, or context settings)")
+                    f"{r.record}, token {t.index}, {t.note}); {why}")
         return None
 
 

@@ -118,7 +118,8 @@ def test_without_that_cache_the_values_are_not_the_servers(cached_plain, smollm2
     p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(alone), "-m", str(smollm2), "-o", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 1 and not out.exists()
-    assert "Traceback" not in p.stderr and p.stderr.strip().splitlines()[-1].startswith("Error: ")
+    last = p.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in p.stderr and last.startswith("Error: ") and "cache this file cannot rebuild" in last
 
 
 def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path):

@@ -401,7 +401,8 @@ class RecoverResult:
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")
             elif any("from its cache" in n for n in r.notes):
-                why = "the server took part of this prompt from a cache this file cannot rebuild (see the note)"
+                why = ("the server took part of this prompt from a cache this file cannot rebuild (see the note); "
+                       "--tolerance 0.3 accepts the difference and keeps the server's real values as sent")
             return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
                     f"{r.record}, token {t.index}, {t.note}); {why}")
         return None

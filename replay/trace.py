@@ -393,6 +393,7 @@ class TraceResult:
     server_draft_n_accepted: int | None = None
     post: bool = False
     server_candidates: list[tuple[int, float]] | None = None  # the transcript's top list at the divergence
+    notes: list[str] = field(default_factory=list)
 
     @property
     def reproduced(self) -> bool | None:
@@ -416,6 +417,7 @@ class TraceResult:
             "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
             "server_candidates_at_divergence": None if self.server_candidates is None else
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
+            "notes": self.notes,
         }
 
 

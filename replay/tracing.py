@@ -11,6 +11,7 @@ from .errors import ModelError, TranscriptError
 from .fileio import read_request
 from .evaluate import Gap
 from .llama import Model, set_verbose
+from .probs import n_prompt_cached
 from .progress import progress_bar
 from .models import check_gguf
 from .readers import Record, read_file
@@ -159,10 +160,17 @@ def _trace_one(rec: Record | None, target: Model, o: dict, server_state: dict, d
         if timings is not None:
             timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
     try:
-        return run(target, prompt, params, cfg, draft=draft, n_ctx=int(n_ctx or 2048), n_predict=_n_predict(body),
-                   n_probs=requested_n_probs(endpoint, body) or 5, stop=_stops(body), recorded=recorded,
-                   timings=timings, threads=o["threads"], server_state=server_state,
-                   stream=bool(rec is not None and rec.stream))
+        res = run(target, prompt, params, cfg, draft=draft, n_ctx=int(n_ctx or 2048), n_predict=_n_predict(body),
+                  n_probs=requested_n_probs(endpoint, body) or 5, stop=_stops(body), recorded=recorded,
+                  timings=timings, threads=o["threads"], server_state=server_state,
+                  stream=bool(rec is not None and rec.stream))
+        cached = n_prompt_cached(rec.final()) if rec is not None else None
+        if cached:
+            res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "
+                             "the prompt from scratch, so its values differ slightly from the server's and a "
+                             "near-tie may sample differently (record with cache_prompt false; recover rebuilds "
+                             "the cache state)")
+        return res
     except TranscriptError as e:
         if rec is not None and e.source is None:
             raise TranscriptError(str(e), source=rec.source, record=rec.index) from None
@@ -213,6 +221,8 @@ def _print(res: TraceResult, piece, steps_range: str | None) -> None:
                 click.echo("  server candidates: none sent for that token (placeholder or missing)")
         else:
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
+    for note in res.notes:
+        click.echo(f"note: {note}")
 
 
 _OPTION_KEYS = ("spec_types", "spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_draft_sampling",

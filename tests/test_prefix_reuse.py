@@ -137,11 +137,17 @@ def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path)
     assert outs[False][0] == outs[True][0]
 
 
-def test_a_speculating_server_with_its_cache_on_is_recovered(server_factory, smollm2, tmp_path):
+@pytest.fixture(scope="module")
+def cached_spec(server_factory, smollm2, tmp_path_factory) -> Path:
+    """The four requests to SmolLM2 drafting for itself, prompt cache on."""
     srv = server_factory(ServerConfig(model=smollm2, draft=smollm2, spec_types=("draft-simple",)))
-    path = tmp_path / "spec.jsonl"
+    path = tmp_path_factory.mktemp("prefix") / "spec.jsonl"
     _record(srv, True, path)
-    res = recover(path, smollm2, context=ContextOptions())
+    return path
+
+
+def test_a_speculating_server_with_its_cache_on_is_recovered(cached_spec, smollm2):
+    res = recover(cached_spec, smollm2, context=ContextOptions())
     assert res.ok, res.failure()
     assert [r.prefix for r in res.records][1:] == ["server cache"] * 3
     for r in res.records:
@@ -152,3 +158,12 @@ def test_a_speculating_server_with_its_cache_on_is_recovered(server_factory, smo
         for t in r.tokens[1:]:
             if t.status == "ok" and t.server_logprob != t.true_logprob:
                 assert "verify batches" in t.note and abs(t.server_logprob - t.true_logprob) <= 0.3
+
+
+def test_trace_says_when_the_server_used_its_cache(cached_spec, smollm2):
+    """trace evaluates every prompt from scratch; where the server did not, its output says so."""
+    p = subprocess.run([sys.executable, "-m", "replay.cli", "trace", str(cached_spec), "-m", str(smollm2), "-md", str(smollm2),
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert "Traceback" not in p.stderr
+    notes = [r["notes"] for r in json.loads(p.stdout)["records"]]
+    assert notes[0] == [] and all(len(n) == 1 and f"took {SHARED} prompt tokens" in n[0] for n in notes[1:])

@@ -125,8 +125,9 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     one the target ranks highest (pieces with the same bytes are told apart by
     the model's own distribution). The first `keep` prompt positions are taken
     from the context as an earlier walk left them (prefix.plan_prefix says when
-    that is exact); the rest of the prompt is decoded in batches of n_batch from
-    there, as the server does from its n_past.
+    that is exact), or evaluated on their own when it does not hold them; the
+    rest of the prompt is decoded in batches of n_batch from there, as the
+    server does from its n_past.
     """
     n_prompt = len(prompt)
     if n_prompt == 0:
@@ -134,9 +135,15 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     if n_prompt >= ctx.n_ctx:
         raise ModelError(f"the prompt has {n_prompt} tokens but the context holds {ctx.n_ctx}: "
                          "pass a larger --ctx-size (the server's -c)")
-    if keep and (keep >= n_prompt or list(ctx.kv_tokens[:keep]) != list(prompt[:keep])):
-        raise ValueError(f"cannot keep {keep} positions: the context does not hold this prompt's prefix")
-    ctx.keep(keep)
+    if keep >= n_prompt:
+        raise ValueError(f"cannot keep {keep} of {n_prompt} prompt positions: the last one must be decoded")
+    if list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
+        ctx.keep(keep)
+    else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
+        ctx.clear()
+        for start in range(0, keep, ctx.n_batch):
+            part = list(prompt[start:min(start + ctx.n_batch, keep)])
+            ctx.decode(part, start, [False] * len(part))
     for start in range(keep, n_prompt, ctx.n_batch):
         part = list(prompt[start:start + ctx.n_batch])
         ctx.decode(part, start, [False] * (len(part) - 1) + [start + len(part) == n_prompt])

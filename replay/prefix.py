@@ -25,7 +25,7 @@ from typing import Sequence
 @dataclass(frozen=True)
 class Prefix:
     keep: int  # KV positions kept from the previous record
-    how: str  # "fresh", "shared prefix" (speed-up) or "server cache" (mirrors the server)
+    how: str  # "fresh", "shared prefix" (speed-up), "server cache" (mirrors the server) or "server cache (rebuilt)"
     note: str | None = None  # why the server's own cache state could not be rebuilt
 
 
@@ -54,13 +54,13 @@ def plan_prefix(kv_tokens: Sequence[int], exact_upto: int, prompt: Sequence[int]
     as the server computed them for the previous record (its prompt, and its generated tokens
     when the server decoded them one at a time). `server_cached` is the response's cache_n."""
     shared = min(common_prefix(kv_tokens, prompt), exact_upto)
-    if server_cached:
-        if server_cached <= shared and server_cached < len(prompt):
+    if server_cached and server_cached < len(prompt):
+        if server_cached <= shared:
             return Prefix(server_cached, "server cache")
         note = (f"the server took {server_cached} prompt tokens from its cache, left by a request that is not "
-                "the previous record of this file (or by one decoded differently); the values of this record "
-                "come from a KV state the replay cannot rebuild and may differ by up to ~0.3 nats")
-        return Prefix(0, "fresh", note)
+                "the previous record of this file; they were evaluated on their own to rebuild it, which is "
+                "exact only if the earlier prompt put them in ubatches of the same kind")
+        return Prefix(server_cached, "server cache (rebuilt)", note)
     if not reuse:
         return Prefix(0, "fresh")
     limit = min(shared, len(prompt) - 1)  # the last prompt token's logits must come from a decode

@@ -63,7 +63,7 @@ class RecordReport:
     notes: list[str] = field(default_factory=list)  # gaps that no token row can show
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
-    prefix: str = "fresh"  # how they were kept: "fresh", "shared prefix" or "server cache"
+    prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -401,8 +401,9 @@ class RecoverResult:
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")
             elif any("from its cache" in n for n in r.notes):
-                why = ("the server took part of this prompt from a cache this file cannot rebuild (see the note); "
-                       "--tolerance 0.3 accepts the difference and keeps the server's real values as sent")
+                why = ("the server took part of this prompt from a cache left by a request that is not in this file, "
+                       "and evaluating those tokens on their own did not rebuild it (see the note); --tolerance 0.3 "
+                       "accepts the difference and keeps the server's real values as sent")
             return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
                     f"{r.record}, token {t.index}, {t.note}); {why}")
         return None

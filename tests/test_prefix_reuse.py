@@ -55,10 +55,10 @@ def test_reuse_can_be_switched_off_but_the_server_cache_is_always_rebuilt():
     assert plan_prefix(a, len(a), b, SHARED, 2048, 512, reuse=False) == Prefix(SHARED, "server cache")
 
 
-def test_a_server_cache_left_by_another_request_is_reported():
+def test_a_server_cache_left_by_another_request_is_rebuilt_and_reported():
     b = list(range(SHARED)) + [9] * 8
     p = plan_prefix([], 0, b, SHARED, 2048, 512)
-    assert p.keep == 0 and "cache" in p.note
+    assert (p.keep, p.how) == (SHARED, "server cache (rebuilt)") and "evaluated on their own" in p.note
 
 
 # --- live: SmolLM2 on the real b11434 server ---------------------------------------------------
@@ -105,21 +105,35 @@ def test_the_servers_own_cache_is_rebuilt_bit_for_bit(cached_plain, smollm2):
     assert res.summary()["max_abs_diff_real"] == 0.0
 
 
-def test_without_that_cache_the_values_are_not_the_servers(cached_plain, smollm2, tmp_path):
-    """Record 2 alone: the server took 1,274 tokens from a cache this file cannot rebuild. A fresh
-    evaluation disagrees with its values, and recover says why and writes nothing."""
+def test_a_cache_left_by_a_request_outside_the_file_is_rebuilt(cached_plain, smollm2, tmp_path):
+    """Record 2 alone: the server took 1,274 tokens from a cache the file does not explain.
+    Evaluating those tokens on their own puts them in ubatches of the same kind as the server's
+    (full 512-blocks, then one of ~250 rows), which rebuilds its cells exactly."""
     alone = tmp_path / "second.jsonl"
     alone.write_text(cached_plain.read_text().splitlines()[1] + "\n")
     res = recover(alone, smollm2)
     rep = res.records[0]
+    assert rep.prefix == "server cache (rebuilt)" and rep.reused_prompt_tokens == SHARED
     assert any("took 1274 prompt tokens from its cache" in n for n in rep.notes)
-    assert not res.ok and rep.summary()["max_abs_diff_real"] > 1e-2
+    assert res.ok and rep.summary()["max_abs_diff_real"] == 0.0
+
+
+def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tmp_path):
+    """The same record claiming 1,100 cached tokens: rebuilt cells cut at the wrong place give
+    values that are not the server's (a fresh evaluation differs too, by 0.06 nats); recover
+    says why in one line and writes nothing."""
+    t = json.loads(cached_plain.read_text().splitlines()[1])
+    t["response"]["timings"]["cache_n"] = 1100
+    src = tmp_path / "claims.jsonl"
+    src.write_text(json.dumps(t) + "\n")
+    res = recover(src, smollm2)
+    assert not res.ok and res.records[0].summary()["max_abs_diff_real"] > 1e-2
     out = tmp_path / "out.jsonl"
-    p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(alone), "-m", str(smollm2), "-o", str(out)],
+    p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(src), "-m", str(smollm2), "-o", str(out)],
                        capture_output=True, text=True, timeout=600)
-    assert p.returncode == 1 and not out.exists()
     last = p.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in p.stderr and last.startswith("Error: ") and "cache this file cannot rebuild" in last
+    assert p.returncode == 1 and not out.exists()
+    assert "Traceback" not in p.stderr and last.startswith("Error: ") and "did not rebuild it" in last
 
 
 def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path):

@@ -91,25 +91,26 @@ def shared_prefix(spec_info: dict, spec: LlamaServer, smol: Path, model: Model,
                                              context=ContextOptions(reuse_prefix=reuse)))
 
     fresh = jsonl(False)
-    t_on, t_off = [], []
-    for _ in range(2):
-        res_on, t = run(fresh, True)
-        t_on.append(t)
-        res_off, t = run(fresh, False)
-        t_off.append(t)
+    res_on, t_on = run(fresh, True)  # a 2.7x difference: one run each is enough
+    res_off, t_off = run(fresh, False)
     assert res_on.ok and res_off.ok and res_on.repaired == res_off.repaired, "prefix reuse changed the output"
     s = res_on.summary()
     cached = jsonl(True)  # its first record takes the shared prefix from the requests above
     res_c, t_c = run(cached, True)
     assert res_c.ok, res_c.failure()
     sc = res_c.summary()
+    # each response's first token is computed in the prompt batch on the cached cells: the test of
+    # the rebuild (later real entries of a speculating server drift, README)
+    first = max(abs(r.tokens[0].server_logprob - r.tokens[0].true_logprob) for r in res_c.records)
+    later = [abs(t.server_logprob - t.true_logprob) for r in res_c.records for t in r.tokens[1:]
+             if t.status == "ok" and t.server_logprob is not None]
     return [
-        ["server evaluated each prompt: recover time without / with prefix reuse", f"{min(t_off) / min(t_on):.2f}x",
-         f"{min(t_off):.1f} s vs {min(t_on):.1f} s; {s['reused_prompt_tokens']} of {s['prompt_tokens']} prompt "
+        ["server evaluated each prompt: recover time without / with prefix reuse", f"{t_off / t_on:.2f}x",
+         f"{t_off:.1f} s vs {t_on:.1f} s; {s['reused_prompt_tokens']} of {s['prompt_tokens']} prompt "
          "tokens kept; output byte-identical", "> 1x"],
-        ["server used its prompt cache: values rebuilt exactly", f"max |diff| {sc['max_abs_diff_real']}",
-         f"{sc['reused_prompt_tokens']} of {sc['prompt_tokens']} prompt tokens from the server's cache, {t_c:.1f} s",
-         "0"],
+        ["server used its prompt cache: first-token values vs the server's", f"max |diff| {first:.2g}",
+         f"{sc['reused_prompt_tokens']} of {sc['prompt_tokens']} prompt tokens from the server's cache, {t_c:.1f} s; "
+         f"{len(later)} later real entries within {max(later, default=0):.2g}", "0"],
     ]
 
 

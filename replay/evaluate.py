@@ -117,7 +117,8 @@ class PieceIndex:
 
 
 def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
-         pieces: PieceIndex | None = None, keep: int = 0) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
+         pieces: PieceIndex | None = None, keep: int = 0,
+         rebuild: bool = False) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
     """Yield (index, token id, plan item, logits that scored it) for every generated token.
 
     Known ids are decoded `chunk` at a time; a Gap is resolved one token at a
@@ -125,7 +126,8 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     one the target ranks highest (pieces with the same bytes are told apart by
     the model's own distribution). The first `keep` prompt positions are taken
     from the context as an earlier walk left them (prefix.plan_prefix says when
-    that is exact), or evaluated on their own when it does not hold them; the
+    that is exact), or evaluated on their own when it does not hold them or
+    `rebuild` says its cells were computed another way; the
     rest of the prompt is decoded in batches of n_batch from there, as the
     server does from its n_past.
     """
@@ -137,7 +139,7 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
                          "pass a larger --ctx-size (the server's -c)")
     if keep >= n_prompt:
         raise ValueError(f"cannot keep {keep} of {n_prompt} prompt positions: the last one must be decoded")
-    if list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
+    if not rebuild and list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
         ctx.keep(keep)
     else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
         ctx.clear()
@@ -234,7 +236,7 @@ def _check_room(ctx: Context, n: int) -> None:
 
 def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
            n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
-           keep: int = 0) -> Iterator[Truth]:
+           keep: int = 0, rebuild: bool = False) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
@@ -244,7 +246,8 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
-        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces, keep=keep):
+        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces, keep=keep,
+                                                     rebuild=rebuild):
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")

@@ -26,7 +26,13 @@ from typing import Sequence
 class Prefix:
     keep: int  # KV positions kept from the previous record
     how: str  # "fresh", "shared prefix" (speed-up), "server cache" (mirrors the server) or "server cache (rebuilt)"
-    note: str | None = None  # why the server's own cache state could not be rebuilt
+    note: str | None = None  # why the server's own cache state could not be taken from the previous record
+
+    @property
+    def rebuild(self) -> bool:
+        """The kept cells must be computed afresh (the context may hold the same tokens, computed
+        another way)."""
+        return self.how == "server cache (rebuilt)"
 
 
 def reuse_points(n_prompt: int, n_batch: int, n_ubatch: int) -> range:

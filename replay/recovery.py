@@ -256,7 +256,7 @@ class Recoverer:
 
         try:
             for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post,
-                                chunk=self.opts.chunk, keep=prefix.keep,
+                                chunk=self.opts.chunk, keep=prefix.keep, rebuild=prefix.rebuild,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 if pending and truth.item is not pending[-1].item:
                     flush()

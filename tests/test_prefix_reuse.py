@@ -61,6 +61,30 @@ def test_a_server_cache_left_by_another_request_is_rebuilt_and_reported():
     assert (p.keep, p.how) == (SHARED, "server cache (rebuilt)") and "evaluated on their own" in p.note
 
 
+def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
+    """The context may hold the right tokens in cells computed in other ubatches (here one token
+    per decode); `rebuild` evaluates the kept prefix afresh and gives exactly a fresh context's
+    logits, while keeping those cells would not."""
+    from replay.evaluate import Known, walk
+    from replay.llama import Context, Model
+    with Model(smollm2) as m:
+        prompt = m.tokenize(SYSTEM, add_special=True, parse_special=False)[:600]
+        gen = [Known(t) for t in m.tokenize(" yes, of course", add_special=False, parse_special=False)]
+        with Context(m, n_ctx=1024) as fresh:
+            want = [l.copy() for *_, l in walk(fresh, prompt, gen, keep=512)]
+        with Context(m, n_ctx=1024) as ctx:
+            for i, t in enumerate(prompt):
+                ctx.decode([t], i, [False])
+            assert ctx.kv_tokens == prompt
+            kept = [l.copy() for *_, l in walk(ctx, prompt, gen, keep=512)]
+            ctx.clear()
+            for i, t in enumerate(prompt):
+                ctx.decode([t], i, [False])
+            rebuilt = [l.copy() for *_, l in walk(ctx, prompt, gen, keep=512, rebuild=True)]
+    assert all((a == b).all() for a, b in zip(rebuilt, want))
+    assert not all((a == b).all() for a, b in zip(kept, want))
+
+
 # --- live: SmolLM2 on the real b11434 server ---------------------------------------------------
 
 def _record(server, cache_prompt: bool, path: Path) -> list[dict]:

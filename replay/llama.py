@@ -309,6 +309,7 @@ class Context(_Owner):
                 del self.kv_tokens[p0:]
             else:
                 self.kv_tokens = []  # a hole: no longer a plain prefix
+
     def clear(self) -> None:
         L.llama_memory_clear(L.llama_get_memory(self.ptr), True)
         self.kv_tokens = []

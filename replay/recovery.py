@@ -276,7 +276,7 @@ class Recoverer:
         # server decoded them one per decode (a speculating server decoded them in verify batches)
         one_by_one = drafted(final) is False and self.opts.chunk == 1
         self._exact_upto = len(ctx.kv_tokens) if one_by_one and rep.error is None else len(prompt)
-        generated = n_generated(rec.endpoint, rec.final())
+        generated = n_generated(rec.endpoint, final)
         if rep.error is None and generated is not None and generated > len(rep.tokens):
             rep.notes.append(f"the server generated {generated} tokens but its response shows {len(rep.tokens)}: "
                              f"the last {generated - len(rep.tokens)} were never sent (a trimmed stop word, or "
@@ -400,7 +400,7 @@ class RecoverResult:
             if r.prefix == "server cache":
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")
-            elif any("from its cache" in n for n in r.notes):
+            elif r.prefix == "server cache (rebuilt)":
                 why = ("the server took part of this prompt from a cache left by a request that is not in this file, "
                        "and evaluating those tokens on their own did not rebuild it (see the note); --tolerance 0.3 "
                        "accepts the difference and keeps the server's real values as sent")

@@ -181,12 +181,3 @@ def _full(l32: np.ndarray, n_top: int) -> TokenProbs:
     p = glibc_expf(l32 - mx) / total
     ids = np.lexsort((np.arange(len(p)), -p))[:max(n_top, 0)]
     return TokenProbs(l32, mx, total, tuple((int(i), float(p[i])) for i in ids))
-
-
-def server_probs(logits: np.ndarray, n_top: int) -> tuple[np.ndarray, np.float32]:
-    """Per-id probabilities exactly as get_token_probabilities computes them with `n_top`
-    requested: (p in id order, the float32 sum they were divided by). Exponentiates the whole
-    vocabulary; `token_probs` gives the same values for the few ids a report needs."""
-    l32 = logits.astype(np.float32, copy=False)
-    t = _full(l32, n_top)
-    return glibc_expf(l32 - t.max) / t.total, t.total

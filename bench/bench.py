@@ -30,17 +30,19 @@ sys.path.insert(0, str(REPO))
 
 from tabulate import tabulate  # noqa: E402
 
-from replay import models  # noqa: E402
-from replay.build import BuildSpec, ensure_built  # noqa: E402
-from replay.http import post_json  # noqa: E402
-from replay.llama import Context, Model, set_verbose  # noqa: E402
-from replay.readers import read_text  # noqa: E402
-from replay.record import RequestItem, record_one  # noqa: E402
-from replay.readers import read_source  # noqa: E402
-from replay.recovery import ContextOptions, Recoverer, recover_records  # noqa: E402
-from replay.server import LlamaServer, ServerConfig  # noqa: E402
-from replay.tracing import trace_record  # noqa: E402
-from replay.transcript import dumps  # noqa: E402
+from replay.llamacpp import models  # noqa: E402
+from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
+from replay.llamacpp.http import post_json  # noqa: E402
+from replay.llamacpp.process import LlamaServer, ServerConfig  # noqa: E402
+from replay.llamacpp.record import RequestItem, record_one  # noqa: E402
+from replay.recovery.recover import ContextOptions, Recoverer, recover_records  # noqa: E402
+from replay.runtime.llama import Context, Model, set_verbose  # noqa: E402
+from replay.trace.run import trace_record  # noqa: E402
+from replay.transcripts.format import dumps  # noqa: E402
+from replay.transcripts.readers import (
+    read_source,  # noqa: E402
+    read_text,  # noqa: E402
+)
 
 PROMPT = "Once upon a time"
 SYSTEM = " ".join(f"Rule {i}: answer politely and mention the number {i * 7 % 13}." for i in range(90))
@@ -135,9 +137,9 @@ def main() -> None:
     smol = models.smollm2()
     tmp = Path(tempfile.mkdtemp(prefix="spec-replay-bench-"))
     rows: list[list] = []
-    spec_cfg = ServerConfig(model=smol, draft=smol, spec_types=("draft-simple",), n_ctx=8192)
+    spec_cfg = ServerConfig(smol, draft_model=smol, spec_types=("draft-simple",), n_ctx=8192)
     with LlamaServer(spec_cfg, binary=bins.server) as spec, \
-            LlamaServer(ServerConfig(model=smol, n_ctx=8192), binary=bins.server) as plain:
+            LlamaServer(ServerConfig(smol, n_ctx=8192), binary=bins.server) as plain:
         spec_info = spec.config.speculative()
         # --- 1 + 2: one 200-token transcript -----------------------------------------
         t200 = record_one(spec.url, RequestItem("/completion", body(200)), spec_info)

@@ -8,6 +8,6 @@ __version__ = "0.1.0"
 
 def __getattr__(name):  # lazy: importing the package must not load libllama
     if name == "recover":
-        from .recovery import recover
+        from .recovery.recover import recover
         return recover
     raise AttributeError(name)

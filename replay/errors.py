@@ -12,11 +12,23 @@ status), so a user can act on them without a traceback.
 """
 from __future__ import annotations
 
+import copy
+
 
 class SpecReplayError(Exception):
     """Base class: caught at the CLI edge and shown as a one-line error."""
 
     exit_code = 1
+
+    def located(self, source: str, record: int | None = None) -> "SpecReplayError":
+        """This error with the file (and record) in front of its message, unless it already names
+        them. Same class and attributes, so callers can still tell errors apart."""
+        where = source if record is None else f"{source}, record {record}"
+        if str(self).startswith(where):
+            return self
+        err = copy.copy(self)
+        err.args = (f"{where}: {self}",)
+        return err
 
 
 class BuildError(SpecReplayError):
@@ -47,6 +59,12 @@ class TranscriptError(SpecReplayError):
         super().__init__(where + message)
         self.source = source
         self.record = record
+        self.bare = message
+
+    def located(self, source: str, record: int | None = None) -> "TranscriptError":
+        if self.source is not None:
+            return self
+        return TranscriptError(self.bare, source=source, record=record)
 
 
 class OutputExistsError(SpecReplayError):

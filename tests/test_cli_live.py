@@ -11,29 +11,19 @@ import json
 import threading
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import one_error, run
 
-from replay.cli import main
-from replay.server import free_port
+from replay.llamacpp.process import free_port
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "logprobs": True, "top_logprobs": 2,
         "temperature": 0, "seed": 3, "max_tokens": 8}
 
 
-def run(*args, input=None):
-    return CliRunner().invoke(main, [str(a) for a in args], input=input)
-
-
-def one_error_line(result) -> str:
-    lines = [l for l in result.output.splitlines() if l.startswith("Error:")]
-    assert len(lines) == 1, result.output
-    assert "Traceback" not in result.output
-    return lines[0]
-
-
 # -- check ------------------------------------------------------------------
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_check_finds_placeholders_on_the_speculating_server(self_draft_server):
     r = run("check", self_draft_server.url, "--json")
     assert r.exit_code == 1, r.output
@@ -45,7 +35,9 @@ def test_check_finds_placeholders_on_the_speculating_server(self_draft_server):
     assert all(t["placeholder"] for t in report["tokens"][1:])
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_check_passes_the_plain_server(plain_server):
     r = run("check", plain_server.url)
     assert r.exit_code == 0, r.output
@@ -53,7 +45,9 @@ def test_check_passes_the_plain_server(plain_server):
     assert "warning" not in r.output
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_check_table_names_the_contradiction(self_draft_server):
     r = run("check", self_draft_server.url)
     assert r.exit_code == 1
@@ -69,7 +63,9 @@ def test_check_unreachable_is_cannot_tell():
 
 # -- record -----------------------------------------------------------------
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_record_writes_a_transcript(self_draft_server, tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps(CHAT))
@@ -84,7 +80,9 @@ def test_record_writes_a_transcript(self_draft_server, tmp_path):
     assert t["response"]["choices"][0]["logprobs"]["content"]
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_record_refuses_to_overwrite(self_draft_server, tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps(CHAT))
@@ -92,29 +90,33 @@ def test_record_refuses_to_overwrite(self_draft_server, tmp_path):
     out.write_text("precious")
     r = run("record", self_draft_server.url, "-r", req, "-o", out)
     assert r.exit_code != 0
-    assert "exists; use --force" in one_error_line(r)
+    assert "exists; use --force" in one_error(r)
     assert out.read_text() == "precious"
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_record_refuses_a_request_without_seed(self_draft_server, tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps({k: v for k, v in CHAT.items() if k != "seed"}))
     out = tmp_path / "t.json"
     r = run("record", self_draft_server.url, "-r", req, "-o", out)
     assert r.exit_code != 0
-    assert "no fixed seed" in one_error_line(r)
+    assert "no fixed seed" in one_error(r)
     assert not out.exists()
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_record_jsonl_reports_a_bad_line_and_keeps_going(self_draft_server, tmp_path):
     reqs = tmp_path / "reqs.jsonl"
     reqs.write_text(json.dumps(CHAT) + "\n{not json\n" + json.dumps({**CHAT, "seed": 4}) + "\n")
     out = tmp_path / "runs.jsonl"
     r = run("record", self_draft_server.url, "--requests", reqs, "-o", out)
     assert r.exit_code == 1
-    assert "line 2: invalid JSON" in one_error_line(r)
+    assert "line 2: invalid JSON" in one_error(r)
     lines = out.read_text().splitlines()
     assert [json.loads(l)["request"]["seed"] for l in lines] == [3, 4]
 
@@ -124,7 +126,7 @@ def test_record_unreachable_url(tmp_path):
     req.write_text(json.dumps(CHAT))
     r = run("record", f"http://127.0.0.1:{free_port()}", "-r", req, "-o", tmp_path / "t.json")
     assert r.exit_code != 0
-    assert "cannot reach" in one_error_line(r)
+    assert "cannot reach" in one_error(r)
     assert not (tmp_path / "t.json").exists()
 
 
@@ -143,7 +145,7 @@ def test_record_non_llama_server(not_llama_server, tmp_path):
     req.write_text(json.dumps(CHAT))
     r = run("record", not_llama_server, "-r", req, "-o", tmp_path / "t.json")
     assert r.exit_code != 0
-    assert "is not a llama.cpp server" in one_error_line(r)
+    assert "is not a llama.cpp server" in one_error(r)
 
 
 def test_check_non_llama_server(not_llama_server):

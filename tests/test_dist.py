@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.distlab import Lab, example_binaries, run_lab
-from replay.models import tiny_draft, tiny_target
+from replay.lab.distribution import Lab, example_binaries, run_lab
+from replay.llamacpp.models import tiny_draft, tiny_target
 
-pytestmark = pytest.mark.live_server
+pytestmark = [pytest.mark.build, pytest.mark.live_server]
 
 
 @pytest.fixture(scope="module")

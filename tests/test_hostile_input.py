@@ -9,12 +9,11 @@ import copy
 import json
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import clean_exit, run
 
-from replay.cli import main
-from replay.evaluate import PieceIndex
-from replay.models import tiny_target
+from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
+from replay.recovery.evaluate import PieceIndex
 
 BASE = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
 
@@ -23,8 +22,8 @@ def recover_cli(tmp_path, obj_or_text, *extra):
     src = tmp_path / "t.json"
     src.write_text(obj_or_text if isinstance(obj_or_text, str) else json.dumps(obj_or_text))
     out = tmp_path / "out.json"
-    r = CliRunner().invoke(main, ["recover", str(src), "-m", str(tiny_target()), "-o", str(out), *extra])
-    assert "Traceback" not in r.output
+    r = run("recover", src, "-m", tiny_target(), "-o", out, *extra)
+    assert clean_exit(r), r.exception
     return r, out
 
 
@@ -50,7 +49,7 @@ def mutated(path, value):
     (("response", "timings"), "x", "must be an object"),
     (("server",), "x", "\"server\" must be an object"),
     (("server", "props"), [], "must be the server's /props object"),
-    (("request", "n_probs"), "x", "unreadable"),
+    (("request", "n_probs"), "x", '"n_probs" must be a 32-bit integer'),
     (("request", "seed"), 10**400, "is not a 32-bit seed"),
 ])
 def test_wrong_types_are_one_line_errors(tmp_path, path, value, expected):
@@ -80,7 +79,7 @@ def test_in_place_failure_keeps_the_original(tmp_path):
     src = tmp_path / "t.json"
     src.write_text(json.dumps(t))
     before = src.read_bytes()
-    r = CliRunner().invoke(main, ["recover", str(src), "-m", str(tiny_target()), "--in-place"])
+    r = run(*["recover", str(src), "-m", str(tiny_target()), "--in-place"])
     assert r.exit_code == 1 and src.read_bytes() == before
 
 
@@ -89,7 +88,7 @@ def test_in_place_through_a_symlink_repairs_the_target(tmp_path):
     real.write_text(json.dumps(BASE))
     link = tmp_path / "link.json"
     link.symlink_to(real)
-    r = CliRunner().invoke(main, ["recover", str(link), "-m", str(tiny_target()), "--in-place"])
+    r = run(*["recover", str(link), "-m", str(tiny_target()), "--in-place"])
     assert r.exit_code == 0, r.output
     assert link.is_symlink()
     fixed = json.loads(real.read_text())
@@ -99,7 +98,7 @@ def test_in_place_through_a_symlink_repairs_the_target(tmp_path):
 def test_report_cannot_be_the_output(tmp_path):
     src = tmp_path / "t.json"
     src.write_text(json.dumps(BASE))
-    r = CliRunner().invoke(main, ["recover", str(src), "-m", str(tiny_target()), "--in-place",
+    r = run(*["recover", str(src), "-m", str(tiny_target()), "--in-place",
                                   "--report", str(src), "--force"])
     assert r.exit_code != 0 and json.loads(src.read_text()) == BASE
 
@@ -119,8 +118,8 @@ def test_output_in_a_missing_parent_that_is_a_file(tmp_path):
     (tmp_path / "file").write_text("x")
     src = tmp_path / "t.json"
     src.write_text(json.dumps(BASE))
-    r = CliRunner().invoke(main, ["recover", str(src), "-m", str(tiny_target()), "-o", str(tmp_path / "file" / "o.json")])
-    assert r.exit_code == 1 and "cannot write" in r.output and "Traceback" not in r.output
+    r = run(*["recover", str(src), "-m", str(tiny_target()), "-o", str(tmp_path / "file" / "o.json")])
+    assert r.exit_code == 1 and "cannot write" in r.output and clean_exit(r)
 
 
 def test_a_response_with_neither_probabilities_nor_ids(tmp_path):
@@ -154,9 +153,9 @@ def test_a_bad_request_file_is_one_line(tmp_path, command, content, expected):
         req.write_text(content)
     args = [command, str(FIXTURES / "transcripts" / "tiny-draft-simple.json"), "-m", str(tiny_target()),
             "--request", str(req)] + (["-o", str(tmp_path / "out.json")] if command == "recover" else [])
-    r = CliRunner().invoke(main, args)
+    r = run(*args)
     assert r.exit_code != 0 and r.exception is None or isinstance(r.exception, SystemExit), r.exception
-    assert "Traceback" not in r.output
+    assert clean_exit(r), r.exception
     assert expected in r.output and len(r.output.strip().splitlines()) == 1
 
 

@@ -14,10 +14,10 @@ import math
 
 import pytest
 
-from replay.probs import token_probs
-from replay.record import RequestItem, record_one
+from replay.llamacpp.record import RequestItem, record_one
+from replay.transcripts.entries import sent_entries
 
-pytestmark = [pytest.mark.model, pytest.mark.live_server]
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 
 CHAT = {
     "messages": [{"role": "user", "content": "Write two sentences about the sea."}],
@@ -36,15 +36,15 @@ def _record(server, endpoint, body):
 def _generated_ids(t):
     if t["endpoint"] == "/completion":
         return t["response"]["tokens"]
-    return [e["id"] for e in token_probs(t["endpoint"], t["response"])]
+    return [e["id"] for e in sent_entries(t["endpoint"], t["response"])]
 
 
 def test_chat_logprobs_are_placeholders_after_the_first_token(self_draft_server, plain_server):
     spec = _record(self_draft_server, "/v1/chat/completions", CHAT)
     plain = _record(plain_server, "/v1/chat/completions", CHAT)
 
-    spec_probs = token_probs("/v1/chat/completions", spec["response"])
-    plain_probs = token_probs("/v1/chat/completions", plain["response"])
+    spec_probs = sent_entries("/v1/chat/completions", spec["response"])
+    plain_probs = sent_entries("/v1/chat/completions", plain["response"])
     assert len(spec_probs) == len(plain_probs) >= 8
     assert [p.id for p in spec_probs] == [p.id for p in plain_probs], "speculation changed the tokens"
 
@@ -86,9 +86,9 @@ def test_streamed_speculative_tokens_carry_no_probabilities(self_draft_server, p
     body = {**COMPLETION, "stream": True, "post_sampling_probs": False}
     spec = _record(self_draft_server, "/completion", body)
     plain = _record(plain_server, "/completion", body)
-    from replay.transcript import stream_objects
-    spec_probs = token_probs("/completion", events=stream_objects(spec))
-    plain_probs = token_probs("/completion", events=stream_objects(plain))
+    from replay.transcripts.format import stream_objects
+    spec_probs = sent_entries("/completion", events=stream_objects(spec))
+    plain_probs = sent_entries("/completion", events=stream_objects(plain))
     n = plain["events"] and len(plain_probs)
     assert n >= 8 and all(p.top for p in plain_probs)
     # only tokens sampled outside the speculative loop keep their entry

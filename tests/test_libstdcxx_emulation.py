@@ -14,8 +14,13 @@ import subprocess
 import numpy as np
 import pytest
 
-from replay.rng import MinStdRand0, minstd_canonical_double, minstd_discrete, minstd_uniform_int
-from replay.softmax import glibc_expf, libm_expf, partial_sort_values
+from replay.numerics.rng import (
+    MinStdRand0,
+    minstd_canonical_double,
+    minstd_discrete,
+    minstd_uniform_int,
+)
+from replay.numerics.server_probs import glibc_expf, libm_expf, partial_sort_values
 
 CPP = r"""
 #include <algorithm>

@@ -14,11 +14,24 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from replay import models
-from replay.build import BuildSpec, ensure_built
 from replay.cli import main
-from replay.patchcheck import check_no_probs, check_values, default_setups, pinned_tree, saved_patch
-from replay.patches import SERVER_FILE, PatchError, detect_server_profile, server_patch
+from replay.llamacpp import models
+from replay.llamacpp.build import BuildSpec, ensure_built
+from replay.llamacpp.patch_proof import (
+    check_no_probs,
+    check_values,
+    default_setups,
+    pinned_tree,
+    saved_patch,
+)
+from replay.llamacpp.patches import (
+    SERVER_FILE,
+    PatchError,
+    detect_server_profile,
+    server_patch,
+)
+
+pytestmark = pytest.mark.build  # every test reads or builds a pinned llama.cpp tree
 
 
 def _git_apply_check(tree, patch_file):

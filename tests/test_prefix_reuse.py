@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from replay.prefix import Prefix, plan_prefix, reuse_points
-from replay.record import RequestItem, record_one
-from replay.recovery import ContextOptions, recover
-from replay.server import ServerConfig
-from replay.transcript import dumps
+from replay.llamacpp.process import ServerConfig
+from replay.llamacpp.record import RequestItem, record_one
+from replay.recovery.prefix import Prefix, plan_prefix, reuse_points
+from replay.recovery.recover import recover
+from replay.transcripts.format import dumps
 
 SYSTEM = " ".join(f"Rule {i}: answer politely and mention the number {i * 7 % 13}." for i in range(90))
 QUESTIONS = ["What is the capital of France?", "Name a prime number.", "Write a haiku about rain.",
@@ -61,15 +61,17 @@ def test_a_server_cache_left_by_another_request_is_rebuilt_and_reported():
     assert (p.keep, p.how) == (SHARED, "server cache (rebuilt)") and "evaluated on their own" in p.note
 
 
+@pytest.mark.model
 def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
     """The context may hold the right tokens in cells computed in other ubatches (here one token
     per decode); `rebuild` evaluates the kept prefix afresh and gives exactly a fresh context's
     logits, while keeping those cells would not."""
-    from replay.evaluate import Known, walk
-    from replay.llama import Context, Model
+    from replay.recovery.evaluate import walk
+    from replay.runtime.llama import Context, Model
+    from replay.transcripts.plan import Known, Slot
     with Model(smollm2) as m:
         prompt = m.tokenize(SYSTEM, add_special=True, parse_special=False)[:600]
-        gen = [Known(t) for t in m.tokenize(" yes, of course", add_special=False, parse_special=False)]
+        gen = [Known(t, Slot()) for t in m.tokenize(" yes, of course", add_special=False, parse_special=False)]
         with Context(m, n_ctx=1024) as fresh:
             want = [l.copy() for *_, l in walk(fresh, prompt, gen, keep=512)]
         with Context(m, n_ctx=1024) as ctx:
@@ -87,8 +89,9 @@ def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
 
 # --- live: SmolLM2 on the real b11434 server ---------------------------------------------------
 
+
 def _record(server, cache_prompt: bool, path: Path) -> list[dict]:
-    info = server.config.speculative() if server.config.draft else {}
+    info = server.config.speculative() if server.config.get("draft_model") else {}
     ts = []
     for k, q in enumerate(QUESTIONS):
         body = {"prompt": f"{SYSTEM}\nQ: {q}\nA:", "n_predict": 24, "n_probs": 5, "temperature": 0.8,
@@ -98,28 +101,31 @@ def _record(server, cache_prompt: bool, path: Path) -> list[dict]:
     return ts
 
 
-def _plain_jsonl(server_factory, smollm2, tmp_path_factory, cache_prompt: bool) -> tuple[Path, list[dict]]:
-    srv = server_factory(ServerConfig(model=smollm2))  # its own server: an empty slot cache to start
+def _plain_jsonl(module_server, smollm2, tmp_path_factory, cache_prompt: bool) -> tuple[Path, list[dict]]:
+    srv = module_server(ServerConfig(smollm2))  # its own server: an empty slot cache to start
     path = tmp_path_factory.mktemp("prefix") / f"cache-{cache_prompt}.jsonl"
     return path, _record(srv, cache_prompt, path)
 
 
 @pytest.fixture(scope="module")
-def cached_plain(server_factory, smollm2, tmp_path_factory) -> Path:
+def cached_plain(module_server, smollm2, tmp_path_factory) -> Path:
     """Four requests to one plain server with its prompt cache on: it reuses the shared prefix."""
-    path, ts = _plain_jsonl(server_factory, smollm2, tmp_path_factory, True)
+    path, ts = _plain_jsonl(module_server, smollm2, tmp_path_factory, True)
     assert [t["response"]["timings"]["cache_n"] for t in ts] == [0, SHARED, SHARED, SHARED]
     return path
 
 
 @pytest.fixture(scope="module")
-def fresh_plain(server_factory, smollm2, tmp_path_factory) -> Path:
+def fresh_plain(module_server, smollm2, tmp_path_factory) -> Path:
     """The same requests with `cache_prompt: false`: every prompt evaluated from scratch."""
-    path, ts = _plain_jsonl(server_factory, smollm2, tmp_path_factory, False)
+    path, ts = _plain_jsonl(module_server, smollm2, tmp_path_factory, False)
     assert all(t["response"]["timings"]["cache_n"] == 0 for t in ts)
     return path
 
 
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
 def test_the_servers_own_cache_is_rebuilt_bit_for_bit(cached_plain, smollm2):
     res = recover(cached_plain, smollm2)
     assert [r.prefix for r in res.records] == ["fresh", "server cache", "server cache", "server cache"]
@@ -129,6 +135,9 @@ def test_the_servers_own_cache_is_rebuilt_bit_for_bit(cached_plain, smollm2):
     assert res.summary()["max_abs_diff_real"] == 0.0
 
 
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
 def test_a_cache_left_by_a_request_outside_the_file_is_rebuilt(cached_plain, smollm2, tmp_path):
     """Record 2 alone: the server took 1,274 tokens from a cache the file does not explain.
     Evaluating those tokens on their own puts them in ubatches of the same kind as the server's
@@ -142,6 +151,9 @@ def test_a_cache_left_by_a_request_outside_the_file_is_rebuilt(cached_plain, smo
     assert res.ok and rep.summary()["max_abs_diff_real"] == 0.0
 
 
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
 def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tmp_path):
     """The same record claiming 1,100 cached tokens: rebuilt cells cut at the wrong place give
     values that are not the server's (a fresh evaluation differs too, by 0.06 nats); recover
@@ -160,6 +172,9 @@ def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tm
     assert "Traceback" not in p.stderr and last.startswith("Error: ") and "did not rebuild it" in last
 
 
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
 def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path):
     outs = {}
     for flag in ([], ["--no-prefix-reuse"]):
@@ -176,16 +191,19 @@ def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path)
 
 
 @pytest.fixture(scope="module")
-def cached_spec(server_factory, smollm2, tmp_path_factory) -> Path:
+def cached_spec(module_server, smollm2, tmp_path_factory) -> Path:
     """The four requests to SmolLM2 drafting for itself, prompt cache on."""
-    srv = server_factory(ServerConfig(model=smollm2, draft=smollm2, spec_types=("draft-simple",)))
+    srv = module_server(ServerConfig(smollm2, draft_model=smollm2, spec_types=("draft-simple",)))
     path = tmp_path_factory.mktemp("prefix") / "spec.jsonl"
     _record(srv, True, path)
     return path
 
 
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
 def test_a_speculating_server_with_its_cache_on_is_recovered(cached_spec, smollm2):
-    res = recover(cached_spec, smollm2, context=ContextOptions())
+    res = recover(cached_spec, smollm2)
     assert res.ok, res.failure()
     assert [r.prefix for r in res.records][1:] == ["server cache"] * 3
     for r in res.records:
@@ -198,6 +216,9 @@ def test_a_speculating_server_with_its_cache_on_is_recovered(cached_spec, smollm
                 assert "verify batches" in t.note and abs(t.server_logprob - t.true_logprob) <= 0.3
 
 
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
 def test_trace_says_when_the_server_used_its_cache(cached_spec, smollm2):
     """trace evaluates every prompt from scratch; where the server did not, its output says so."""
     p = subprocess.run([sys.executable, "-m", "replay.cli", "trace", str(cached_spec), "-m", str(smollm2), "-md", str(smollm2),

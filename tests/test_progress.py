@@ -7,7 +7,7 @@ import pty
 import subprocess
 import sys
 
-from replay.models import tiny_target
+from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
 
 

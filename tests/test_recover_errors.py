@@ -4,23 +4,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
+from cli_helpers import one_error, run
 
-from replay.cli import main
-from replay.models import tiny_target
-from replay.record import RequestItem, record_one
-from replay.transcript import dumps
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_error(result) -> str:
-    lines = [l for l in result.output.splitlines() if l.startswith("Error:")]
-    assert len(lines) == 1, result.output
-    assert "Traceback" not in result.output
-    return lines[0]
+from replay.llamacpp.models import tiny_target
+from replay.llamacpp.record import RequestItem, record_one
+from replay.transcripts.format import dumps
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +25,9 @@ def smol_transcripts(plain_server, tmp_path_factory):
     return out
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_transcript_from_another_model(smol_transcripts, tmp_path):
     out = tmp_path / "fixed.json"
     r = run("recover", smol_transcripts[False], "-m", tiny_target(), "-o", out)
@@ -47,7 +37,9 @@ def test_transcript_from_another_model(smol_transcripts, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_prompt_longer_than_the_context(smol_transcripts, smollm2, tmp_path):
     out = tmp_path / "fixed.json"
     r = run("recover", smol_transcripts[False], "-m", smollm2, "-o", out, "-c", "3")
@@ -56,7 +48,9 @@ def test_prompt_longer_than_the_context(smol_transcripts, smollm2, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_truncated_stream(smol_transcripts, smollm2, tmp_path):
     t = json.loads(smol_transcripts[True].read_text())
     t["events"] = t["events"][:-2]
@@ -69,7 +63,9 @@ def test_truncated_stream(smol_transcripts, smollm2, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_output_exists_is_not_overwritten(smol_transcripts, smollm2, tmp_path):
     out = tmp_path / "fixed.json"
     out.write_text("precious")
@@ -78,7 +74,9 @@ def test_output_exists_is_not_overwritten(smol_transcripts, smollm2, tmp_path):
     assert out.read_text() == "precious"
 
 
+@pytest.mark.build
 @pytest.mark.live_server
+@pytest.mark.model
 def test_in_place_replaces_the_input_atomically(smol_transcripts, smollm2, tmp_path):
     p = tmp_path / "t.json"
     p.write_text(smol_transcripts[True].read_text())

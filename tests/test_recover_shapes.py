@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.http import post_json, post_sse
-from replay.probs import token_probs
-from replay.readers import read_text
-from replay.recovery import recover
+from replay.llamacpp.http import post_json, post_sse
+from replay.recovery.recover import recover
+from replay.transcripts.entries import sent_entries
+from replay.transcripts.readers import read_text
 
-pytestmark = [pytest.mark.model, pytest.mark.live_server]
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 
 CHAT = {"messages": [{"role": "user", "content": "Name three fish."}], "logprobs": True, "top_logprobs": 3,
         "temperature": 1, "seed": 11, "max_tokens": 24, "cache_prompt": False}
@@ -49,7 +49,7 @@ def test_pair_with_json_body(self_draft_server, smollm2, tmp_path):
     _assert_recovered(res)
     fixed = json.loads(res.repaired)
     assert set(fixed) == {"request", "response"}
-    probs = token_probs("/v1/chat/completions", fixed["response"])
+    probs = sent_entries("/v1/chat/completions", fixed["response"])
     assert probs and all(len(x.top) == 3 for x in probs)
     assert fixed["response"]["choices"][0]["message"] == resp["choices"][0]["message"]
 
@@ -64,7 +64,7 @@ def test_pair_with_chunk_list(self_draft_server, smollm2, tmp_path):
     assert isinstance(fixed, list) and fixed[-1] == "[DONE]"
     texts = [c["choices"][0]["delta"].get("content") for c in fixed if isinstance(c, dict) and c.get("choices")]
     assert texts == [c["choices"][0]["delta"].get("content") for c in events if isinstance(c, dict) and c.get("choices")]
-    recovered = token_probs("/v1/chat/completions", events=[c for c in fixed if isinstance(c, dict)])
+    recovered = sent_entries("/v1/chat/completions", events=[c for c in fixed if isinstance(c, dict)])
     assert len(recovered) >= res.records[0].summary()["tokens"] - 1
 
 
@@ -101,7 +101,7 @@ def test_bare_sse_text_file_stays_sse(self_draft_server, smollm2, tmp_path):
     text = out.read_text()
     assert text.startswith("data: ") and text.rstrip().endswith("data: [DONE]")
     recs = read_text(text, "fixed", request={**CHAT, "stream": True})
-    assert token_probs("/v1/chat/completions", events=recs[0].chunks())
+    assert sent_entries("/v1/chat/completions", events=recs[0].chunks())
 
 
 def test_openai_sdk_dump(self_draft_server, smollm2, tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.models import tiny_target
+from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
 
 N_RECORDS = 120

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay.rng import MT19937, canonical_double, canonical_float
-from replay.verify import match_continues, rejection_step
+from replay.loop.verify import match_continues, rejection_step
+from replay.numerics.rng import MT19937, canonical_double, canonical_float
 
 
 def test_mt19937_10000th_output_is_the_standards_known_answer():
@@ -43,8 +43,10 @@ def test_canonical_double_matches_libllama_dist_sampler():
     """libllama's dist sampler draws uniform_real_distribution<double> from mt19937(seed):
     with two equal candidates it picks the second iff the draw is >= 0.5."""
     import ctypes
+
     import llama_cpp as L
-    from replay.sampling import TOKEN_DATA
+
+    from replay.runtime.sampler import TOKEN_DATA
     for seed in range(20):
         s = L.llama_sampler_init_dist(seed)
         buf = np.zeros(2, dtype=TOKEN_DATA)

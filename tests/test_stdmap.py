@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from replay.stdmap import StdIntMap
+from replay.numerics.stdmap import StdIntMap
 
 CPP = r"""
 #include <cstdio>

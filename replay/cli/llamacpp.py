@@ -1,0 +1,125 @@
+"""`spec-replay build` and `patch`: the real llama.cpp programs, pristine and fixed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from ..settings import PROFILES
+from . import handle_errors, main
+from .lab import progress_printer
+
+
+@main.command()
+@click.option("--profile", default="b11434", type=click.Choice(PROFILES), show_default=True,
+              help="pinned llama.cpp source to build")
+@click.option("--source", type=click.Path(file_okay=False, path_type=Path), envvar="LLAMA_CPP_SOURCE_DIR",
+              help="build this llama.cpp tree instead (env LLAMA_CPP_SOURCE_DIR)")
+@click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="apply this -p1 patch to a copy first")
+@click.option("-j", "--jobs", default=2, show_default=True)
+@click.option("-q", "--quiet", is_flag=True)
+@handle_errors
+def build(profile: str, source: Path | None, patch: Path | None, jobs: int, quiet: bool) -> None:
+    """Fetch and build llama-server, llama-speculative and llama-quantize.
+
+    Binaries go to ~/.cache/spec-replay/trees/<key>/build/bin (printed at the end);
+    a second run is a no-op.
+
+    \b
+    spec-replay build
+    spec-replay build --profile 0c1e570
+    spec-replay build --source ~/llama.cpp --patch fix.patch
+    """
+    from ..llamacpp.build import BuildSpec, ensure_built
+    bins = ensure_built(BuildSpec(profile=profile, source_dir=source, patch=patch), jobs=jobs,
+                        log=None if quiet else (lambda line: click.echo(line, err=True)))
+    click.echo(str(bins.bin_dir))
+
+
+@main.command("patch")
+@click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="the llama.cpp checkout to patch")
+@click.option("--profile", type=click.Choice(PROFILES), help="patch a pinned source instead of --source")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="write the patch here (default: stdout)")
+@click.option("--force", is_flag=True, help="overwrite an existing --output")
+@click.option("--example", is_flag=True, help="fix examples/speculative/speculative.cpp instead of the server")
+@click.option("--verify", is_flag=True, help="build the patched server and prove it on SmolLM2 and the tiny fixture")
+@click.option("--seeds", default=2, show_default=True, help="seeds per endpoint/stream/mode for --verify")
+@click.option("--json", "as_json", is_flag=True, help="--verify's table as JSON")
+@handle_errors
+def patch_cmd(source: Path | None, profile: str | None, output: Path | None, force: bool, example: bool,
+              verify: bool, seeds: int, as_json: bool) -> None:
+    """Write a fix for llama.cpp that makes the server report real probabilities.
+
+    The patch fills prob and the top-N list of every token llama-server's
+    speculative loop emits (pre- and post-sampling, streamed or not), without
+    changing what is sampled. It is generated for the tree you give (its code
+    shape is recognised: b11434, 0c1e570) and applies with `git apply -p1`.
+    --verify builds the patched and unpatched servers (cached) and checks the
+    patched one against `trace` and the unspeculated server.
+
+    \b
+    spec-replay patch --source ~/llama.cpp -o spec-probs.patch
+    cd ~/llama.cpp && git apply spec-probs.patch
+    spec-replay patch --verify --source ~/llama.cpp
+    spec-replay patch --example --source ~/llama.cpp -o speculative-example.patch
+    """
+    from ..transcripts.files import refuse_existing, write_atomic
+    if (source is None) == (profile is None):
+        raise click.UsageError("give --source DIR (your llama.cpp checkout) or --profile b11434|0c1e570")
+    if output is not None:
+        refuse_existing(output, force)
+    if verify:
+        if example:
+            _verify_example_patch(source, profile or "b11434", as_json)
+        else:
+            _verify_server_patch(source, profile or "b11434", seeds, as_json)
+        return
+    from ..llamacpp.patch_proof import pinned_tree
+    from ..llamacpp.patches import example_patch, server_patch
+    tree = source if source is not None else pinned_tree(profile)
+    made = example_patch(tree) if example else server_patch(tree)
+    if output is None:
+        click.echo(made.diff, nl=False)
+    else:
+        write_atomic(output, made.diff, force=force)
+        click.echo(f"{output}: patch for {made.path} ({made.profile} code shape); apply with "
+                   f"`git apply -p1 {output}` in the llama.cpp tree", err=True)
+
+
+def _verify_server_patch(source: Path | None, profile: str, seeds: int, as_json: bool) -> None:
+    from ..llamacpp.patch_proof import HEADERS, table, verify_server_patch
+    shape, rows = verify_server_patch(source, profile, seeds=range(1, seeds + 1), log=None,
+                                      progress=lambda what: click.echo(f"checking {what}", err=True))
+    if as_json:
+        click.echo(json.dumps({"code_shape": shape, "passed": all(r.passed for r in rows),
+                               "rows": [r.to_json() for r in rows]}, indent=2))
+    else:
+        click.echo(tabulate(table(rows), headers=HEADERS))
+        n_fail = sum(not r.passed for r in rows)
+        click.echo(f"\n{len(rows) - n_fail}/{len(rows)} checks passed ({shape} code shape)")
+    if not all(r.passed for r in rows):
+        raise SystemExit(1)
+
+
+def _verify_example_patch(source: Path | None, profile: str, as_json: bool) -> None:
+    from ..lab.distribution import Lab, example_binaries, render, run_lab
+    from ..llamacpp.build import BuildSpec, ensure_built
+    from ..llamacpp.models import tiny_draft, tiny_target
+    plain, patched = example_binaries(source, profile)
+    server = ensure_built(BuildSpec(profile, source_dir=source)).server
+    lab = Lab(tiny_target(), tiny_draft(), seeds=range(1, 1001))
+    res = run_lab(lab, server, plain, patched_speculative=patched, progress=progress_printer(),
+                  paths=("d", "e", "f", "d-patched"))
+    ok = res.path("d-patched").verdict == "preserves" and all(
+        s == n for a, b, s, n in res.agreements() if a == "d-patched")
+    if as_json:
+        click.echo(json.dumps({**res.to_json(), "passed": ok}, indent=2))
+    else:
+        click.echo(render(res))
+        click.echo("\npatched llama-speculative: " + ("PASS (preserves the target distribution)" if ok else "FAIL"))
+    if not ok:
+        raise SystemExit(1)

@@ -1,0 +1,64 @@
+"""Click options generated from the settings table: every command that takes llama-server's flags
+takes them with llama-server's own spelling (`--spec-draft-n-max`, `-md`, `-c`, ...).
+
+    @server_flags("speculative", "context")
+    def trace(..., **flags): given = given_flags(flags)   # {attr: value} of the flags the user gave
+
+An option's default is None ("not given"): the value then comes from the transcript, its /props,
+or llama-server's default (settings/config.py), and reports say which.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from ..settings import BY_ATTR, Setting, rows
+
+
+class _SettingType(click.ParamType):
+    """Parses a flag's value as llama-server does (Setting.parse), with its error as the usage error."""
+
+    def __init__(self, setting: Setting):
+        self.setting = setting
+        self.name = setting.kind
+
+    def convert(self, value: Any, param, ctx) -> Any:
+        try:
+            return self.setting.parse(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def _option(s: Setting) -> Callable:
+    default = s.default if s.kind != "list" else ",".join(s.default) or "none"
+    help_ = f"{s.help} (llama-server default: {default})"
+    if s.profiles != ("b11434", "0c1e570"):
+        help_ += f"; builds: {', '.join(s.profiles)}"
+    metavar = s.metavar or ("[" + "|".join(s.choices) + "]" if s.choices else None)
+    if s.kind == "list":
+        return click.option(*s.names, s.attr, type=_SettingType(s), multiple=True, metavar=metavar, help=help_)
+    return click.option(*s.names, s.attr, type=_SettingType(s), default=None, metavar=metavar, help=help_)
+
+
+def server_flags(*groups: str, exclude: tuple[str, ...] = ()) -> Callable:
+    """Add one option per settings row of `groups` (table order in --help)."""
+    def decorate(fn: Callable) -> Callable:
+        for s in reversed(rows(*groups)):
+            if s.attr not in exclude:
+                fn = _option(s)(fn)
+        return fn
+    return decorate
+
+
+def given_flags(kwargs: dict) -> dict[str, Any]:
+    """Pop the server flags out of a command's keyword arguments: {attr: value} of those given.
+    A repeated list flag (--spec-type a --spec-type b,c) is joined into one tuple."""
+    out: dict[str, Any] = {}
+    for attr in [k for k in kwargs if k in BY_ATTR]:
+        v = kwargs.pop(attr)
+        if BY_ATTR[attr].kind == "list":
+            v = tuple(x for part in v for x in part) or None
+        if v is not None:
+            out[attr] = v
+    return out

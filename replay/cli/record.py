@@ -1,0 +1,89 @@
+"""`spec-replay record`: requests to a running llama-server, kept as replayable transcripts."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import SpecReplayError, TranscriptError
+from ..settings import transcript_block
+from . import handle_errors, main
+from .options import given_flags, server_flags
+
+
+@main.command()
+@click.argument("url")
+@click.option("-r", "--request", "request_file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="JSON request body ('-' for stdin)")
+@click.option("--requests", "requests_file", type=click.Path(dir_okay=False, exists=True),
+              help="JSONL file, one request per line (a body, or {\"endpoint\":..., \"request\":...})")
+@click.option("-e", "--endpoint", default="/v1/chat/completions", show_default=True,
+              type=click.Choice(["/v1/chat/completions", "/v1/completions", "/completion"]))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="transcript file (.json for one request, .jsonl for --requests)")
+@click.option("--force", is_flag=True, help="overwrite an existing output file")
+@server_flags("speculative", "context")
+@handle_errors
+def record(url: str, request_file: str | None, requests_file: str | None, endpoint: str, output: str, force: bool,
+           **flags) -> None:
+    """Send requests to a llama-server and write replayable transcripts.
+
+    The server's flags are not visible through its API: pass the ones it was
+    started with (--spec-type, -md, --spec-draft-n-max, -c, ...), spelled as
+    llama-server spells them, so a replay can use them. Requests need a fixed
+    "seed". Adds "cache_prompt": false (and "return_tokens": true on
+    /completion) unless the request sets them.
+
+    \b
+    spec-replay record http://127.0.0.1:8080 -r req.json -o t.json \\
+        --spec-type draft-simple -md draft.gguf
+    spec-replay record http://127.0.0.1:8080 --requests reqs.jsonl -e /completion -o runs.jsonl
+    """
+    from ..llamacpp.record import (
+        make_item,
+        parse_request_lines,
+        record_one,
+        server_snapshot,
+    )
+    from ..transcripts.files import read_text_file, refuse_existing, write_atomic
+    from ..transcripts.format import dumps
+    from .progress import progress_bar
+
+    if bool(request_file) == bool(requests_file):
+        raise click.UsageError("give exactly one of --request and --requests")
+    out = Path(output)
+    refuse_existing(out, force)
+    spec = transcript_block(given_flags(flags))
+    snapshot = server_snapshot(url)
+    if request_file:
+        text = sys.stdin.read() if request_file == "-" else read_text_file(request_file)
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise TranscriptError(f"invalid JSON ({e})", source=request_file) from e
+        t = record_one(url, make_item(obj, endpoint, request_file), spec, snapshot=snapshot)
+        write_atomic(out, dumps(t) + "\n", force=force)
+        click.echo(f"recorded 1 request to {out}", err=True)
+        return
+    lines, failed = [], 0
+    items = list(parse_request_lines(read_text_file(requests_file), endpoint, requests_file))
+    with progress_bar(len(items), "recording requests") as advance:
+        for k, item in enumerate(items, 1):
+            advance(k - 1)
+            if isinstance(item, SpecReplayError):
+                click.echo(f"Error: {item}", err=True)
+                failed += 1
+                continue
+            try:
+                lines.append(dumps(record_one(url, item, spec, snapshot=snapshot), indent=None))
+            except TranscriptError as e:
+                click.echo(f"Error: {e}", err=True)
+                failed += 1
+        advance(len(items))
+    if lines:
+        write_atomic(out, "\n".join(lines) + "\n", force=force)
+    click.echo(f"recorded {len(lines)} request(s) to {out}" + (f"; {failed} failed" if failed else ""), err=True)
+    if failed:
+        sys.exit(1)

@@ -1,0 +1,215 @@
+"""`spec-replay recover` and `diff`: the real logprobs of recorded transcripts."""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..recovery.compare import DEFAULT_TOLERANCE
+from ..recovery.recover import RecoverOptions
+from ..recovery.report import RecoverResult
+from . import handle_errors, main
+from .options import given_flags, server_flags
+
+
+def _recover_options(fn):
+    opts = [
+        click.argument("transcript", type=click.Path(dir_okay=False)),
+        click.option("-m", "--model", required=True, type=click.Path(dir_okay=False),
+                     help="the target GGUF the server ran (-m)"),
+        click.option("--request", "request_file", type=click.Path(dir_okay=False),
+                     help="the request body, for a transcript that is a bare response"),
+        click.option("--report", "report_file", type=click.Path(dir_okay=False),
+                     help="also write the per-token report as JSON"),
+        click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
+                     help="max |server - true| logprob for a real value to count as ok"),
+        click.option("--no-prefix-reuse", is_flag=True,
+                     help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
+                          "shared with the previous record are kept where that is bit-exact: whole -ub blocks)"),
+        click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
+        click.option("--force", is_flag=True, help="overwrite existing output/report files"),
+        click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
+        server_flags("context"),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _load(transcript: str, request_file: str | None, model: str):
+    """(records, the file's text), after checking the model file (a wrong model is reported first)."""
+    from ..errors import TranscriptError
+    from ..runtime.gguf import check_gguf
+    from ..transcripts.files import read_request
+    from ..transcripts.readers import read_source, read_text
+    if not Path(transcript).is_file():
+        raise TranscriptError("file not found", source=transcript)
+    check_gguf(model)
+    request = read_request(request_file) if request_file else None
+    original = read_source(transcript)
+    return read_text(original, str(transcript), request), original
+
+
+def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: bool, *, skip: int = 0,
+         on_record=None):
+    from ..recovery.recover import recover_records
+    from ..runtime.llama import set_verbose
+    from .progress import progress_bar
+    set_verbose(verbose)
+    with progress_bar(len(records), "recovering records", done=skip) as advance:
+        return recover_records(records, model, flags=flags, options=options,
+                               progress=lambda done, total: advance(done), skip=skip, on_record=on_record)
+
+
+def _show(res: RecoverResult, as_json: bool) -> None:
+    from .render import summary_table, token_table
+    if as_json:
+        click.echo(json.dumps(res.to_json(), indent=2))
+        return
+    if len(res.records) == 1:
+        click.echo(token_table(res.records[0]))
+        click.echo()
+    click.echo(summary_table(res))
+    for r in res.records:
+        for note in r.notes:
+            click.echo(f"note: {r.source}, record {r.record}: {note}")
+
+
+def _write_report(report_file: str | None, res: RecoverResult, force: bool) -> None:
+    from ..transcripts.files import write_atomic
+    if report_file:
+        write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
+
+
+def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> None:
+    s = res.summary()
+    click.echo(f"wrote {out}: {s['counts']['placeholder']} placeholder and {s['counts']['missing']} missing "
+               f"value(s) recovered in {n_records} record(s){extra}", err=True)
+
+
+@main.command()
+@_recover_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="where to write the repaired transcript")
+@click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
+@click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
+@handle_errors
+def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, as_json, force, verbose,
+            output, in_place, resume, **flags) -> None:
+    """Recover the real logprobs of a recorded transcript and write a repaired copy.
+
+    Replays the target model in-process with the server's decode schedule and
+    puts the true values (and top-N alternatives) where the server sent
+    placeholders or nothing, in the same file shape: a stream stays a stream,
+    JSONL stays JSONL, every other field is kept. Values the server really
+    sent are left as they were and checked. The server's context flags (-c,
+    -b, -ub, -fa, -ctk, -ctv) come from the transcript unless given here.
+
+    A JSONL of many records is written record by record to OUT.partial and
+    moved to OUT at the end: an interrupted run keeps its finished records,
+    and --resume continues after them (the result is byte-identical).
+
+    \b
+    spec-replay recover run.json -m SmolLM2-135M-Instruct.Q4_1.gguf -o run.fixed.json
+    spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --report report.json
+    spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --resume
+    spec-replay recover response.json --request request.json -m target.gguf --in-place
+    """
+    from ..recovery.recover import result_of
+    from ..transcripts.files import refuse_existing, write_atomic
+    flags = given_flags(flags)
+    if bool(output) == bool(in_place):
+        raise click.UsageError("give exactly one of -o/--output and --in-place")
+    out = Path(transcript).resolve() if in_place else Path(output)
+    if not in_place and not resume:
+        refuse_existing(out, force)
+    if report_file:
+        if Path(report_file).resolve() in (out.resolve(), Path(transcript).resolve()):
+            raise click.UsageError("--report must not be the transcript or the output file")
+        refuse_existing(report_file, force)
+    records, original = _load(transcript, request_file, model)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse)
+    if len(records) > 1:
+        _recover_journaled(records, original, model, flags, options, verbose, out, transcript, force or in_place,
+                           resume, as_json, report_file)
+        return
+    if resume:
+        raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
+    res = result_of(records, _run(records, model, flags, options, verbose), original)
+    _show(res, as_json)
+    _write_report(report_file, res, force)
+    reason = res.failure()
+    if reason:
+        # a replay that disagrees with the server's real values is suspect everywhere: write nothing
+        click.echo(f"Error: {reason}; nothing written to {out}", err=True)
+        sys.exit(1)
+    write_atomic(out, res.repaired, force=force or in_place)
+    _wrote(out, res, len(records))
+
+
+def _recover_journaled(records, original: str, model: str, flags: dict, options: RecoverOptions, verbose: bool,
+                       out: Path, transcript: str, force: bool, resume: bool, as_json: bool,
+                       report_file: str | None) -> None:
+    from ..recovery.recover import Recovered
+    from ..recovery.repair import jsonl_line
+    from ..transcripts.journal import Journal
+    if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
+        raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
+    fingerprint = {"input": str(Path(transcript).resolve()),
+                   "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
+                   "model": str(Path(model).resolve()), "tolerance": options.tolerance,
+                   "flags": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(flags.items())}}
+    journal = Journal(out, fingerprint)
+    done = journal.open(resume=resume, force=force)
+    if done > len(records):
+        raise click.UsageError(f"{journal.path} has {done} records but the input only {len(records)}")
+    failed = []
+
+    def on_record(rec, got: Recovered) -> bool:
+        if not got.report.recovered:
+            failed.append(got)
+            return False
+        journal.append(jsonl_line(got.container))
+        return True
+
+    try:
+        finished = _run(records, model, flags, options, verbose, skip=done, on_record=on_record)
+    finally:
+        journal.close()
+    res = RecoverResult([r.report for r in finished], "")
+    _show(res, as_json)
+    _write_report(report_file, res, force)
+    if failed:
+        click.echo(f"Error: {res.failure()}; {out} not written (records before it are kept in {journal.path})",
+                   err=True)
+        sys.exit(1)
+    journal.finish(force=force)
+    _wrote(out, res, len(records), f" ({done} finished earlier)" if done else "")
+
+
+@main.command()
+@_recover_options
+@handle_errors
+def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, as_json, force, verbose,
+         **flags) -> None:
+    """Compare what the server sent with the true probabilities; write nothing.
+
+    \b
+    spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
+    spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
+    """
+    from ..transcripts.files import refuse_existing
+    if report_file:
+        refuse_existing(report_file, force)
+    records, original = _load(transcript, request_file, model)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse)
+    done = _run(records, model, given_flags(flags), options, verbose)
+    res = RecoverResult([d.report for d in done], "")
+    _write_report(report_file, res, force)
+    _show(res, as_json)
+    reason = res.failure()
+    if reason:
+        click.echo(f"Error: {reason}", err=True)
+        sys.exit(1)

@@ -1,0 +1,141 @@
+"""`spec-replay trace`: the server's speculative loop, step by step, checked against a transcript."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Callable
+
+import click
+from tabulate import tabulate
+
+from ..settings import PROFILES
+from ..trace.run import TraceResult
+from ..transcripts.readers import Record
+from . import handle_errors, main
+from .options import given_flags, server_flags
+
+
+@main.command()
+@click.argument("transcript", required=False, type=click.Path(dir_okay=False))
+@click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="the target GGUF (-m)")
+@click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
+@click.option("--profile", type=click.Choice(PROFILES),
+              help="server loop to replay (default: from the transcript's build_info)")
+@click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--temp", type=float, default=0.8, show_default=True)
+@click.option("-n", "--n-predict", type=int, default=32, show_default=True)
+@click.option("--steps", "steps_range", help="only show steps a:b")
+@click.option("--json", "as_json", is_flag=True, help="the full trace as JSON")
+@click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
+@server_flags("speculative", "context")
+@handle_errors
+def trace(transcript, model, request_file, profile, prompt, seed, temp, n_predict, steps_range, as_json, verbose,
+          **flags) -> None:
+    """Replay llama-server's speculative loop step by step and check it against a transcript.
+
+    Shows what was drafted (with the draft's q), what the target thought (p), which
+    draft tokens were accepted or rejected (with the uniform draw), the resampled
+    and bonus tokens, and the logprob a fixed server would report for every
+    emitted token. With a transcript it must reproduce every token and the
+    draft_n/draft_n_accepted totals; the first divergence is flagged. The
+    server's flags come from the transcript unless given here (spelled as
+    llama-server spells them).
+
+    \b
+    spec-replay trace run.json -m target.gguf -md draft.gguf
+    spec-replay trace run.json -m target.gguf -md draft.gguf --json | jq .reproduced
+    spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3
+    """
+    from ..runtime.gguf import check_gguf
+    from ..runtime.llama import Model, set_verbose
+    from ..trace.run import Drafts, trace_prompt, trace_record
+    from ..transcripts.files import read_request
+    from ..transcripts.readers import read_file
+    from .progress import progress_bar
+    flags = given_flags(flags)
+    set_verbose(verbose)
+    if not transcript and not prompt:
+        raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
+    target = Model(check_gguf(model))
+    drafts = Drafts()
+    results: list[tuple[Record | None, TraceResult]] = []
+    if transcript:
+        request = read_request(request_file) if request_file else None
+        records = read_file(transcript, request)
+        server_state: dict = {}  # records of one JSONL are requests to one server, in order
+        with progress_bar(len(records), "tracing records") as advance:
+            for rec in records:
+                res = trace_record(rec, target, flags=flags, profile=profile, server_state=server_state,
+                                   drafts=drafts)
+                results.append((rec, res))
+                advance(len(results))
+    else:
+        results.append((None, trace_prompt(target, prompt, seed=seed, temp=temp, n_predict=n_predict, flags=flags,
+                                           profile=profile, drafts=drafts)))
+    piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
+    if as_json:
+        if len(results) == 1:
+            click.echo(json.dumps(results[0][1].to_json(piece), indent=2))
+        else:
+            click.echo(json.dumps({"records": [dict(r.to_json(piece), record=rec.index) for rec, r in results]},
+                                  indent=2))
+    else:
+        for rec, res in results:
+            if len(results) > 1:
+                click.echo(f"=== {rec.where}")
+            show(res, piece, steps_range)
+    if any(r.reproduced is False for _, r in results):
+        raise SystemExit(1)
+
+
+def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None) -> None:
+    """The step table, the emitted-token table, the draft totals and the verdict."""
+    a, b = 0, len(res.steps)
+    if steps_range:
+        x, _, y = steps_range.partition(":")
+        try:
+            a, b = int(x or 0), int(y or len(res.steps))
+        except ValueError:
+            raise click.UsageError(f"--steps takes a:b (step numbers), got {steps_range!r}") from None
+    rows = []
+    for s in res.steps[a:b]:
+        draft = " ".join(f"{piece(t)!r}" + (f" q={s.draft_q[i]:.3f}" if s.draft_q else "") +
+                         (f" p={s.target_p[i]:.3f}" if i < len(s.target_p) else "") for i, t in enumerate(s.draft))
+        draws = " ".join("-" if u is None else f"{u:.3f}" for pair in s.uniforms for u in pair[:1]) if s.uniforms else ""
+        rows.append([s.index, s.pos0, repr(piece(s.sampled)), s.drafter or "-", draft or "-", s.rule,
+                     f"{s.accepted}/{len(s.draft)}", draws or "-",
+                     repr(piece(s.resampled)) if s.resampled is not None else "-",
+                     repr(piece(s.bonus)) if s.bonus is not None else "-",
+                     "".join(piece(t) for t in s.emitted)])
+    click.echo(tabulate(rows, headers=["step", "pos", "sampled", "drafter", "draft (q, p)", "rule", "accepted",
+                                       "u", "resampled", "bonus", "emitted"]))
+    click.echo()
+    rows = [[e.index, e.id, repr(res.pieces[e.index]), e.step, f"{e.logprob:.4f}",
+             f"{math.log(e.post_prob):.4f}" if e.post_prob > 0 else "-inf",
+             ", ".join(f"{piece(i)!r} {lp:.3f}" for i, lp in e.top[:3])] for e in res.emitted]
+    click.echo(tabulate(rows, headers=["#", "id", "piece", "step", "logprob", "post logprob", "top (pre)"]))
+    click.echo()
+    click.echo(f"drafted {res.draft_n}, accepted {res.draft_n_accepted}" +
+               (f" (server: {res.server_draft_n}, {res.server_draft_n_accepted})" if res.server_draft_n is not None else ""))
+    if res.recorded is not None:
+        if res.reproduced:
+            click.echo(f"reproduced: all {len(res.recorded)} tokens and the draft totals match the transcript")
+        elif res.first_divergence is not None:
+            i = res.first_divergence
+            ours = res.emitted[i] if i < len(res.emitted) else None
+            theirs = res.recorded[i] if i < len(res.recorded) else None
+            click.echo(f"first divergence at token {i}: trace {piece(ours.id) if ours else '(ended)'!r}, "
+                       f"transcript {piece(theirs) if theirs is not None else '(ended)'!r}")
+            if ours:
+                click.echo("  trace candidates (post-sampling p): " +
+                           ", ".join(f"{piece(t)!r} {p:.3f}" for t, p in ours.post_top[:5]))
+            if res.server_candidates:
+                click.echo("  server candidates (logprob):        " +
+                           ", ".join(f"{piece(t)!r} {lp:.3f}" for t, lp in res.server_candidates[:5]))
+            elif theirs is not None:
+                click.echo("  server candidates: none sent for that token (placeholder or missing)")
+        else:
+            click.echo("tokens reproduced, but the draft totals differ from the server's timings")
+    for note in res.notes:
+        click.echo(f"note: {note}")

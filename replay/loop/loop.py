@@ -1,0 +1,315 @@
+"""llama-server's speculative loop for one request, step by step, reproduced in-process.
+
+One request on a fresh single-slot server (`-np 1`), as tools/server/server-context.cpp runs it
+(SERVER_LOOP.md sections 3.2-3.8). The phases, in the order `SpeculativeLoop` runs them:
+
+    prefill    target and draft decode the prompt in n_batch batches (logits at the last
+               token); the first token is sampled normally (real probabilities)     :3781-3874
+    each step
+      draft    n_max = min(n_ctx - n_past - 2, n_remaining - 1)                       :517-536
+               the first drafter (priority order) that returns a draft wins   speculative.cpp:2868-2956
+      decode   the target decodes [sampled, d0 .. d(n-1)] with outputs on every row; the draft
+               context mirrors the batch (output on its last row)                     :4072-4084
+      verify   rejection if the draft is probabilistic and temp > 0 (b11434), else
+               sample-and-match; then the bonus token if every draft was kept (verify.py)
+      trim     KV of the positions after the accepted drafts goes, on both contexts    :4342-4348
+      emit     the step's tokens through the stop rules (n_predict, EOG, stop strings); the
+               rest of a step's tokens are dropped once one stops generation          :4350-4368
+    no draft   a normal step: [sampled] alone, one sample (real probabilities)
+
+Every emitted token carries the values a fixed server would report: the pre-sampling softmax
+of the verify row that scored it, and the post-sampling candidates of the target chain there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import TranscriptError
+from ..numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
+from ..numerics.server_probs import pre_sampling
+from ..runtime.llama import Context, Model
+from ..runtime.sampler import (
+    LLAMA_DEFAULT_SEED,
+    SamplerChain,
+    SamplingParams,
+    post_sampling,
+)
+from .draft_model import DraftContext, DraftSimple
+from .drafters import Drafter, make_drafters
+from .profiles import check_replayable
+from .verify import match_continues, rejection_step
+
+Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
+
+
+@dataclass
+class Emitted:
+    """One token the server emitted, with the values a fixed server would report for it."""
+
+    index: int
+    id: int
+    step: int
+    logprob: float  # pre-sampling, what a fixed server reports with post_sampling_probs false
+    top: list[tuple[int, float]]
+    post_prob: float
+    post_top: list[tuple[int, float]]
+
+
+@dataclass
+class Step:
+    """One verify step. Vocabulary as in verify.py."""
+
+    index: int
+    pos0: int  # position of `sampled` (the last emitted token, not yet in the KV)
+    sampled: int
+    rule: str  # "normal" | "sample-and-match" | "rejection"
+    drafter: str | None = None
+    draft: list[int] = field(default_factory=list)
+    draft_q: list[float] | None = None  # draft probability of each draft token (probabilistic draft-simple)
+    target_p: list[float] = field(default_factory=list)  # target (post-sampling) p of each verified draft token
+    uniforms: list[list[float | None]] = field(default_factory=list)  # rejection draws: [u_accept, u_residual]
+    accepted: int = 0
+    resampled: int | None = None
+    bonus: int | None = None
+    emitted: list[int] = field(default_factory=list)  # after the stop rules
+
+    def to_json(self) -> dict:
+        keys = ("index", "pos0", "sampled", "drafter", "draft", "draft_q", "target_p", "uniforms", "rule",
+                "accepted", "resampled", "bonus", "emitted")
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass
+class Verified:
+    """What verification of one draft produced: `ids` = accepted drafts + [resampled | bonus]."""
+
+    ids: list[int] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)  # the verify row that scored each of `ids`
+    target_p: list[float] = field(default_factory=list)
+    uniforms: list[list[float | None]] = field(default_factory=list)
+    resampled: int | None = None
+    bonus: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What ends generation besides end-of-generation tokens (process_token, server-context.cpp:1966-2095)."""
+
+    n_ctx: int
+    n_predict: int = -1  # -1: no limit
+    stop: tuple[str, ...] = ()
+
+
+class SpeculativeLoop:
+    """Iterate the server's steps for one request; `emitted` grows as steps run.
+
+    `server_state` carries drafter state that outlives a request on one server (ngram-mod's
+    table, the n-gram maps: SERVER_LOOP.md section 0 item 6): pass the same dict for
+    consecutive requests.
+    """
+
+    def __init__(self, target: Model, prompt: Sequence[int], params: SamplingParams, spec, *, profile: str,
+                 limits: Limits, draft: Model | None = None, n_probs: int = 0, threads: int = 2,
+                 n_batch: int = 2048, n_ubatch: int = 512, server_state: dict | None = None):
+        check_replayable(spec, profile, has_draft_model=draft is not None)
+        if params.seed == LLAMA_DEFAULT_SEED:
+            raise TranscriptError("the request has no fixed seed (seed -1): the server drew a random one, so the "
+                                  "run cannot be reproduced; record with an explicit \"seed\"")
+        self.target, self.params, self.limits = target, params, limits
+        self.prompt = list(prompt)
+        self.n_probs = max(n_probs, 1)
+        ctx_kw = dict(n_ctx=limits.n_ctx, n_batch=min(n_batch, limits.n_ctx), n_ubatch=n_ubatch, n_threads=threads)
+        self.ctx = Context(target, **ctx_kw)
+        self.chain = SamplerChain(target, params)
+        self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
+        self.draft = (DraftContext(draft, Context(draft, **ctx_kw), profile, params.temp, params.seed)
+                      if draft is not None else None)
+        self.drafters: list[Drafter] = make_drafters(spec, draft_model=self.draft, server_state=server_state)
+        self.emitted: list[Emitted] = []
+        self.text = b""
+        self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
+        self.sampled = -1
+        self.alive = True
+        self.n_draft = 0
+        self.n_accepted = 0
+
+    def close(self) -> None:
+        self.chain.close()
+        for d in self.drafters:
+            if isinstance(d, DraftSimple):
+                d.close()
+        if self.draft is not None:
+            self.draft.close()
+        self.ctx.close()
+
+    def steps(self) -> Iterator[Step]:
+        yield self.prefill()
+        index = 0
+        while self.alive:
+            index += 1
+            yield self.step(index)
+
+    # --- phases ----------------------------------------------------------------------------
+
+    def prefill(self) -> Step:
+        """The prompt on both contexts, then the first token sampled normally (SERVER_LOOP.md 3.2-3.3)."""
+        n_prompt = len(self.prompt)
+        if n_prompt + 1 >= self.limits.n_ctx:
+            raise TranscriptError(f"the prompt has {n_prompt} tokens but the context holds {self.limits.n_ctx}")
+        for start in range(0, n_prompt, self.ctx.n_batch):
+            part = self.prompt[start:start + self.ctx.n_batch]
+            outs = [False] * (len(part) - 1) + [start + len(part) == n_prompt]
+            self.ctx.decode(part, start, outs)
+            if self.draft is not None:
+                self.draft.ctx.decode(part, start, outs)
+        self.chain.accept_prompt(self.prompt)
+        for d in self.drafters:
+            d.begin(self.prompt)
+        logits = self.ctx.logits(-1)
+        tok, cands = self._sample(logits)
+        self.chain.accept(tok)
+        self.kv = list(self.prompt)
+        self.sampled = tok
+        self.alive = self.emit(tok, 0, logits, cands)
+        return Step(index=0, pos0=n_prompt, sampled=tok, rule="normal", emitted=[tok])
+
+    def step(self, index: int) -> Step:
+        """One speculative step: draft, decode, verify, trim, emit."""
+        pos0, sampled = len(self.kv), self.sampled
+        draft, drafter, q = self.draft_tokens(pos0)
+        self.n_draft += len(draft)
+        self.decode([sampled] + draft, pos0)
+        rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
+        v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
+        n_accepted = len(v.ids) - 1
+        self.n_accepted += n_accepted
+        if drafter is not None:
+            drafter.accept(n_accepted)
+        self.trim(pos0 + 1 + n_accepted)
+        self.kv += [sampled] + v.ids[:-1]
+        self.sampled = v.ids[-1]
+        emitted = []
+        for tok, (logits, cands) in zip(v.ids, v.rows):
+            emitted.append(tok)
+            if not self.emit(tok, index, logits, cands):
+                self.alive = False
+                break  # the rest of this step's tokens are dropped
+        return Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
+                    draft=list(draft), draft_q=_q_of(draft, q), target_p=v.target_p, uniforms=v.uniforms,
+                    accepted=n_accepted, resampled=v.resampled, bonus=v.bonus, emitted=emitted)
+
+    def draft_tokens(self, pos0: int) -> tuple[list[int], Drafter | None, list | None]:
+        """(draft, the drafter that made it, its q per position or None): the first drafter with a
+        non-empty draft wins; the draft context's drafting KV is then discarded (:3262-3307)."""
+        n_remaining = self.limits.n_predict - len(self.emitted) if self.limits.n_predict >= 0 else -1
+        n_max = self.limits.n_ctx - pos0 - 2
+        if n_remaining > 0:
+            n_max = min(n_max, n_remaining - 1)
+        if n_max <= 0:
+            return [], None, None
+        draft: list[int] = []
+        drafter, q = None, None
+        for d in self.drafters:
+            got = d.draft(self.kv, self.sampled, n_max)
+            if got:
+                draft, drafter = got[:n_max], d
+                if isinstance(d, DraftSimple) and d.last_q is not None:
+                    q = d.last_q[:n_max]
+                break
+        if self.draft is not None:
+            self.draft.ctx.seq_rm(0, pos0, -1)
+        return draft, drafter, q
+
+    def decode(self, tokens: list[int], pos0: int) -> None:
+        """The target batch (outputs on every row) and its mirror in the draft context (last row)."""
+        self.ctx.decode(tokens, pos0, [True] * len(tokens))
+        if self.draft is not None:
+            self.draft.ctx.decode(tokens, pos0, [False] * (len(tokens) - 1) + [True])
+
+    def verify_rejection(self, draft: list[int], q: list) -> Verified:
+        """common_sampler_sample_and_accept_n_rejection (common/sampling.cpp:732-836)."""
+        v = Verified()
+        for i, d_tok in enumerate(draft):
+            logits = self.ctx.logits(i)
+            id_tgt, cands = self._sample(logits)
+            qi, qp = q[i]
+            dec = rejection_step(d_tok, cands["id"], cands["p"], qi, qp, id_tgt, lambda: canonical_float(self.rng))
+            v.target_p.append(dec.p)
+            v.uniforms.append([dec.u_accept, dec.u_residual])
+            self._keep(v, dec.token, logits, cands)
+            if not dec.accepted:
+                v.resampled = dec.token
+                return v
+        self._bonus(v, len(draft), bonus=bool(draft))
+        return v
+
+    def verify_match(self, draft: list[int]) -> Verified:
+        """common_sampler_sample_and_accept_n (common/sampling.cpp:686-718); with no draft, the
+        normal path's single sample."""
+        v = Verified()
+        for i, d_tok in enumerate(draft):
+            logits = self.ctx.logits(i)
+            tok, cands = self._sample(logits)
+            self._keep(v, tok, logits, cands)
+            v.target_p.append(post_sampling(cands, d_tok, 0)[0])
+            if not match_continues(d_tok, tok, self.target.is_eog(tok), i, len(draft)):
+                if tok != d_tok:
+                    v.resampled = tok
+                return v
+        self._bonus(v, len(draft), bonus=bool(draft))
+        return v
+
+    def trim(self, keep: int) -> None:
+        """Positions from `keep` on (rejected drafts) leave both KV caches (:4342-4348)."""
+        self.ctx.seq_rm(0, keep, -1)
+        if self.draft is not None:
+            self.draft.ctx.seq_rm(0, keep, -1)
+
+    def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray) -> bool:
+        """Record one emitted token with its true values; False when generation stops after it
+        (process_token, server-context.cpp:1966-2095: stop strings, EOG, n_predict, context)."""
+        logprob, top = pre_sampling(logits, tok, self.n_probs)
+        post_p, post_top = post_sampling(cands, tok, self.n_probs)
+        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top))
+        self.text += self.target.piece(tok, special=False)
+        text = self.text.decode("utf-8", "ignore")
+        lim = self.limits
+        if any(s and s in text for s in lim.stop):
+            return False
+        if self.target.is_eog(tok):
+            return False
+        if lim.n_predict >= 0 and len(self.emitted) >= lim.n_predict:
+            return False
+        if len(self.prompt) + len(self.emitted) + 1 >= lim.n_ctx:
+            return False
+        return True
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _sample(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
+        cands, sel = self.chain.apply(logits)
+        return int(cands["id"][sel]), cands
+
+    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray) -> None:
+        """A token the verifier returns: accepted into the chain's history (common_sampler_accept)."""
+        self.chain.accept(tok)
+        v.ids.append(tok)
+        v.rows.append((logits, cands))
+
+    def _bonus(self, v: Verified, row: int, *, bonus: bool) -> None:
+        """Every draft token was kept: sample one more at the row after the draft."""
+        logits = self.ctx.logits(row)
+        tok, cands = self._sample(logits)
+        self._keep(v, tok, logits, cands)
+        if bonus:
+            v.bonus = tok
+
+
+def _q_of(draft: list[int], q: list | None) -> list[float] | None:
+    """The draft's own probability of each draft token, from its candidates at that position."""
+    if not q:
+        return None
+    return [float(qp[list(qi).index(t)]) if t in qi else 0.0 for t, (qi, qp) in zip(draft, q)]

@@ -1,0 +1,228 @@
+"""Evaluate the target over a transcript's tokens with the server's decode schedule.
+
+Why the schedule matters (shared/reference/NUMERICS.md): on CPU the matmul kernel
+depends on the batch's row count, so teacher-forcing prompt + completion in one
+big batch shifts SmolLM2's logprobs by up to 0.2 nats. llama-server evaluates the
+prompt in sub-batches of n_batch with logits only at the last prompt token
+(server-context.cpp:3781-3874), then one generated token per decode when it
+does not speculate. Replaying exactly that reproduces its logits.
+
+Measured here (tests/test_recover_live.py), SmolLM2 on the b11434 CPU build:
+decoding generated tokens in chunks of 16 gives the one-per-decode logits
+exactly while the KV window is one 256-cell block (libllama pads it to 256,
+`get_n_kv`, src/llama-kv-cache.cpp:1285-1290), but once positions pass 256 the
+chunked batches drift (up to 0.24 nats on a 2,000-token transcript, from token
+253 on) even with chunks cut at the 256 boundary. So the default is `chunk=1`,
+the unspeculated server's own schedule; larger chunks are an opt-in speed knob
+that stays inside one 256-cell window per chunk.
+
+Memory stays flat: one logits row is alive at a time, never an N x vocab array.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ModelError, TranscriptError
+from ..numerics.server_probs import pre_sampling
+from ..runtime.llama import Context, Model
+from ..runtime.sampler import SamplerChain, SamplingParams, post_sampling
+from ..transcripts.plan import Gap, Known, PlanItem
+
+KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
+
+
+@dataclass
+class Truth:
+    """What a correct server reports for one emitted token."""
+
+    index: int
+    id: int
+    item: PlanItem  # the plan item it came from (a Gap may yield several tokens)
+    logprob: float  # pre-sampling: log softmax of the raw logits (float32 like the server)
+    top: list[tuple[int, float]]  # pre-sampling top-N (id, logprob)
+    post_prob: float | None = None  # post-sampling p of the token (dist sampler's value)
+    post_top: list[tuple[int, float]] | None = None  # post-sampling top-N (id, p), p > 0
+
+
+class PieceIndex:
+    """Token pieces (bytes) of a vocabulary, for aligning generated text to ids."""
+
+    def __init__(self, model: Model):
+        self.pieces = [model.piece(t, special=True) for t in range(model.n_vocab)]
+        by_first: dict[int, list[int]] = {}
+        for t, b in enumerate(self.pieces):
+            if b:
+                by_first.setdefault(b[0], []).append(t)
+        self.by_first = {k: np.array(v, dtype=np.int64) for k, v in by_first.items()}
+
+    def candidates(self, data: bytes) -> np.ndarray:
+        """Ids whose piece is a non-empty prefix of `data`."""
+        if not data:
+            return np.empty(0, dtype=np.int64)
+        ids = self.by_first.get(data[0])
+        if ids is None:
+            return np.empty(0, dtype=np.int64)
+        return np.array([t for t in ids if data.startswith(self.pieces[t])], dtype=np.int64)
+
+    def splittable(self, data: bytes) -> list[bool]:
+        """ok[i]: data[i:] can be written as a sequence of pieces (ok[len] is True).
+
+        Alignment only steps to offsets from which the rest can still be
+        completed, so a preferred long piece never strands the remainder
+        (gap b"abc" with pieces {"ab", "a", "bc"} aligns as "a" + "bc").
+        """
+        ok = [False] * (len(data) + 1)
+        ok[len(data)] = True
+        for i in range(len(data) - 1, -1, -1):
+            ok[i] = any(ok[i + len(self.pieces[t])] for t in self.candidates(data[i:]))
+        return ok
+
+
+def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
+         pieces: PieceIndex | None = None, keep: int = 0,
+         rebuild: bool = False) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
+    """Yield (index, token id, plan item, logits that scored it) for every generated token.
+
+    Known ids are decoded `chunk` at a time; a Gap is resolved one token at a
+    time, each step taking, among the tokens whose bytes continue the gap, the
+    one the target ranks highest (pieces with the same bytes are told apart by
+    the model's own distribution). The first `keep` prompt positions are taken
+    from the context as an earlier walk left them (prefix.plan_prefix says when
+    that is exact), or evaluated on their own when it does not hold them or
+    `rebuild` says its cells were computed another way; the
+    rest of the prompt is decoded in batches of n_batch from there, as the
+    server does from its n_past.
+    """
+    n_prompt = len(prompt)
+    if n_prompt == 0:
+        raise TranscriptError("the prompt has no tokens")
+    if n_prompt >= ctx.n_ctx:
+        raise ModelError(f"the prompt has {n_prompt} tokens but the context holds {ctx.n_ctx}: "
+                         "pass a larger --ctx-size (the server's -c)")
+    if keep >= n_prompt:
+        raise ValueError(f"cannot keep {keep} of {n_prompt} prompt positions: the last one must be decoded")
+    if not rebuild and list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
+        ctx.keep(keep)
+    else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
+        ctx.clear()
+        for start in range(0, keep, ctx.n_batch):
+            part = list(prompt[start:min(start + ctx.n_batch, keep)])
+            ctx.decode(part, start, [False] * len(part))
+    for start in range(keep, n_prompt, ctx.n_batch):
+        part = list(prompt[start:start + ctx.n_batch])
+        ctx.decode(part, start, [False] * (len(part) - 1) + [start + len(part) == n_prompt])
+    pending = ctx.logits(-1)  # scores generated token 0
+    pos = n_prompt
+    index = 0
+    chunk = max(1, min(chunk, ctx.n_batch))
+    items = list(plan)
+    i = 0
+    gap_rest: bytes | None = None
+    gap: Gap | None = None
+    reach: list[bool] = []
+    while i < len(items) or gap_rest:
+        if gap_rest:
+            if pieces is None:
+                raise TranscriptError("token ids are missing and no piece index was given")
+            off = len(gap.data) - len(gap_rest)
+            cands = [t for t in pieces.candidates(gap_rest) if reach[off + len(pieces.pieces[t])]]
+            if not cands:
+                raise _Unaligned(index, gap_rest)
+            cands = np.array(cands, dtype=np.int64)
+            tok = int(cands[np.argmax(pending[cands])])
+            gap_rest = gap_rest[len(pieces.pieces[tok]):] or None
+            yield index, tok, gap, pending
+            index += 1
+            if gap_rest is not None or i < len(items):
+                _check_room(ctx, pos + 1)
+                ctx.decode([tok], pos, [True])
+                pos += 1
+                pending = ctx.logits(0)
+            continue
+        item = items[i]
+        if isinstance(item, Gap):
+            gap, gap_rest = item, item.data or None
+            if pieces is not None and gap_rest:
+                reach = pieces.splittable(item.data)
+                if not reach[0]:
+                    raise _Unaligned(index, item.data)
+            i += 1
+            continue
+        # a run of known ids: score the first with `pending`, decode the run in chunks
+        run: list[Known] = []
+        while i < len(items) and not isinstance(items[i], Gap):
+            run.append(items[i])
+            i += 1
+        more_after = i < len(items)
+        k = 0
+        while k < len(run):
+            yield index, run[k].id, run[k], pending
+            index += 1
+            # decode run[k : k+chunk]; their rows score run[k+1 : k+chunk+1]
+            room = KV_PAD - pos % KV_PAD  # stay inside one 256-cell KV window (module docstring)
+            part = [kn.id for kn in run[k:k + min(chunk, room)]]
+            last_needed = (k + len(part) < len(run)) or more_after
+            if not last_needed and len(part) == 1:
+                k += 1
+                break
+            need = part if last_needed else part[:-1]
+            _check_room(ctx, pos + len(need))
+            ctx.decode(need, pos, [True] * len(need))
+            for j in range(1, len(need)):
+                yield index, run[k + j].id, run[k + j], ctx.logits(j - 1)
+                index += 1
+            pos += len(need)
+            pending = ctx.logits(len(need) - 1)
+            k += len(need)
+            if not last_needed:
+                yield index, run[k].id, run[k], pending
+                index += 1
+                k += 1
+
+
+class _Unaligned(TranscriptError):
+    def __init__(self, index: int, rest: bytes):
+        super().__init__(f"generated token {index}: no vocabulary piece continues the text {rest[:24]!r}; "
+                         "the transcript does not match this model")
+        self.index = index
+
+
+Unaligned = _Unaligned
+
+
+def _check_room(ctx: Context, n: int) -> None:
+    if n > ctx.n_ctx:
+        raise ModelError(f"prompt + completion need {n} positions but the context holds {ctx.n_ctx}: "
+                         "pass a larger --ctx-size")
+
+
+def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
+           n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
+           keep: int = 0, rebuild: bool = False) -> Iterator[Truth]:
+    """The true probabilities of every generated token, in order.
+
+    `post` also runs the target sampler chain (prompt fed to its history, each
+    emitted token accepted after its position) for post-sampling values.
+    """
+    chain = SamplerChain(model, params) if post else None
+    try:
+        if chain is not None:
+            chain.accept_prompt(prompt)
+        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces, keep=keep,
+                                                     rebuild=rebuild):
+            if not 0 <= tok < model.n_vocab:
+                raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
+                                      f"({model.n_vocab} tokens)")
+            logprob, top = pre_sampling(logits, tok, n_top)
+            t = Truth(index=index, id=tok, item=item, logprob=logprob, top=top)
+            if chain is not None:
+                cands, _sel = chain.apply(logits)
+                t.post_prob, t.post_top = post_sampling(cands, tok, n_top)
+                chain.accept(tok)
+            yield t
+    finally:
+        if chain is not None:
+            chain.close()

@@ -1,0 +1,248 @@
+"""Recover the real probabilities of recorded transcripts (the main job). Data flows one way:
+
+    file -> Records (transcripts/readers) -> immutable plan of generated tokens (transcripts/plan)
+         -> target evaluation with the server's decode schedule (evaluate) -> Truths
+         -> per-token comparison with what the server sent (compare, pure) -> TokenReports
+         -> repaired copy of each record (repair, a separate pass) and the report (report)
+
+`recover()` is the Python API; the `recover` and `diff` commands are thin wrappers over it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ModelError, SpecReplayError
+from ..runtime.llama import Context, Model
+from ..runtime.sampler import SamplingParams, requested_n_probs
+from ..settings import ContextConfig, resolve
+from ..transcripts.entries import drafted, n_generated, n_prompt_cached
+from ..transcripts.plan import Gap, Plan, build_plan, entry_at
+from ..transcripts.readers import Record, read_source, read_text
+from .compare import DEFAULT_TOLERANCE, compare
+from .evaluate import PieceIndex, Truth, Unaligned, truths
+from .prefix import plan_prefix
+from .prompt import prompt_ids
+from .repair import Outcome, repair_record, serialise
+from .report import RecordReport, RecoverResult, TokenReport
+
+DEFAULT_N_CTX = 2048  # when neither a flag, the transcript nor its /props say (the old server default)
+
+
+@dataclass(frozen=True)
+class RecoverOptions:
+    """How recover evaluates, besides the server's own settings (settings.ContextConfig)."""
+
+    tolerance: float = DEFAULT_TOLERANCE
+    chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
+    reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """One record's outcome: its report, and its repaired top-level object (None if not repaired)."""
+
+    report: RecordReport
+    container: Any
+
+
+class Recoverer:
+    """Holds the target model and one context; recovers records one after another.
+
+    `flags` are server flags given on our command line (settings table attrs); each record's
+    context settings resolve from them, its transcript and /props (settings/config.py)."""
+
+    def __init__(self, model: Model | str | Path, flags: dict | None = None,
+                 options: RecoverOptions | None = None):
+        self.model = model if isinstance(model, Model) else Model(model)
+        self.flags = dict(flags or {})
+        self.options = options or RecoverOptions()
+        self._ctx: Context | None = None
+        self._ctx_key: tuple | None = None
+        self._pieces: PieceIndex | None = None
+        self._exact_upto = 0  # KV positions the previous record left as the server computed them
+        self._piece_cache: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    # --- the model ----------------------------------------------------------------------
+
+    def piece(self, tid: int) -> bytes:
+        b = self._piece_cache.get(tid)
+        if b is None:
+            b = self._piece_cache[tid] = self.model.piece(tid, special=True)  # refuses ids outside the vocabulary
+        return b
+
+    def text(self, tid: int) -> str:
+        return self.piece(tid).decode("utf-8", "replace")
+
+    def pieces(self) -> PieceIndex:
+        if self._pieces is None:
+            self._pieces = PieceIndex(self.model)
+        return self._pieces
+
+    def context(self, cfg: ContextConfig) -> Context:
+        n_ctx = cfg.n_ctx or DEFAULT_N_CTX
+        threads = cfg.threads if cfg.threads > 0 else 2
+        key = (n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, threads)
+        if self._ctx is None or self._ctx_key != key:
+            self.close()
+            self._ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx), n_ubatch=cfg.n_ubatch,
+                                n_threads=threads, flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
+                                type_v=cfg.cache_type_v)
+            self._ctx_key = key
+            self._exact_upto = 0
+        return self._ctx
+
+    def check_vocab(self, rec: Record, plan: Plan) -> None:
+        """Refuse a transcript from another model: its real entries' top pieces must be this model's pieces."""
+        checked = 0
+        for item in plan:
+            e = entry_at(rec, item.slot)
+            if not e:
+                continue
+            for t in (e.get("top_logprobs") or e.get("top_probs") or []):
+                tid, b = t.get("id"), t.get("bytes")
+                if isinstance(tid, int) and isinstance(b, list):
+                    # the server renders control tokens as nothing unless started with --special
+                    if bytes(b) != self.piece(tid) and not (not b and not self.model.piece(tid, special=False)):
+                        raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
+                                         f"{self.piece(tid)!r} in {self.model.path.name}: the transcript comes "
+                                         "from another model")
+                    checked += 1
+                if checked >= 64:
+                    return
+
+    # --- one record -----------------------------------------------------------------------
+
+    def recover(self, rec: Record) -> Recovered:
+        """Recover one record; every error names the file and record."""
+        try:
+            return self._recover(rec)
+        except SpecReplayError as e:  # a bad field, a wrong model, a decode failure: say which record
+            err = e.located(rec.source, rec.index)
+            if err is e:
+                raise
+            raise err from e
+
+    def _recover(self, rec: Record) -> Recovered:
+        post = bool(rec.request.get("post_sampling_probs"))
+        n_probs = requested_n_probs(rec.endpoint, rec.request)
+        rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
+        params = SamplingParams.from_request(rec.endpoint, rec.request)
+        plan = build_plan(rec, self.piece)
+        self.check_vocab(rec, plan)
+        prompt = prompt_ids(rec, self.model)
+        for t in prompt:
+            self.piece(t)  # vocabulary range check
+        cfg = resolve("context", flags=self.flags, transcript=rec.speculative, props=rec.props)
+        ctx = self.context(cfg)
+        final = rec.final()
+        prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final), ctx.n_batch,
+                             ctx.n_ubatch, reuse=self.options.reuse_prefix)
+        if prefix.note:
+            rep.notes.append(prefix.note)
+        rep.prompt_tokens, rep.reused_prompt_tokens, rep.prefix = len(prompt), prefix.keep, prefix.how
+        self._exact_upto = 0  # until this record's evaluation completes
+        evaluated: list[Truth] = []
+        unaligned: Unaligned | None = None
+        try:
+            for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post, chunk=self.options.chunk,
+                                keep=prefix.keep, rebuild=prefix.rebuild,
+                                pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
+                evaluated.append(truth)
+        except Unaligned as e:
+            unaligned = e
+            # the tokens of a gap that owns an entry are compared once the gap is complete: it is not
+            while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.slot.entry is not None:
+                evaluated.pop()
+        speculative = bool(drafted(final)) or bool((rec.speculative or {}).get("types"))
+        outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
+        rep.tokens = [o.report for o in outcomes]
+        if unaligned is not None:
+            rep.error = str(unaligned)
+            rep.tokens.append(TokenReport(unaligned.index, None, "", None, None, "unaligned", [], note=rep.error))
+        # what the next record may keep: the prompt, and the generated tokens too when both we and the
+        # server decoded them one per decode (a speculating server decoded them in verify batches)
+        one_by_one = drafted(final) is False and self.options.chunk == 1
+        self._exact_upto = len(ctx.kv_tokens) if one_by_one and rep.error is None else len(prompt)
+        generated = n_generated(rec.endpoint, final)
+        if rep.error is None and generated is not None and generated > len(rep.tokens):
+            rep.notes.append(f"the server generated {generated} tokens but its response shows {len(rep.tokens)}: "
+                             f"the last {generated - len(rep.tokens)} were never sent (a trimmed stop word, or "
+                             "text ending in incomplete UTF-8) and cannot be recovered")
+        container = repair_record(rec, outcomes, post, self.piece) if rep.recovered else None
+        return Recovered(rep, container)
+
+    def _compare(self, rec: Record, evaluated: list[Truth], post: bool, n_probs: int,
+                 speculative: bool) -> list[Outcome]:
+        """Pair every truth with the server's entry it owns and compare them. A Gap's tokens share its
+        slot: only its last token owns an entry there (an id-less entry), the others are inserted before."""
+        last_of_item = {id(t.item): k for k, t in enumerate(evaluated)}
+        outcomes = []
+        for k, t in enumerate(evaluated):
+            slot = t.item.slot
+            owns = slot.entry is not None and last_of_item[id(t.item)] == k
+            entry = entry_at(rec, slot) if owns else None
+            reason = t.item.reason if isinstance(t.item, Gap) else (slot.reason or "the server sent no entry for this token")
+            report = compare(t, entry, post=post, n_probs=n_probs, tolerance=self.options.tolerance,
+                             speculative=speculative, piece=self.text, missing_reason=reason)
+            outcomes.append(Outcome(t, slot, owns, report))
+        return outcomes
+
+
+def recover(source: str | Path | dict | list, model: Model | str | Path, *, request: dict | None = None,
+            flags: dict | None = None, options: RecoverOptions | None = None,
+            progress: Callable[[int, int], None] | None = None) -> RecoverResult:
+    """Recover true probabilities for every record of a transcript.
+
+    `source` is a path, or an already-parsed object (a transcript, a {"request", "response"}
+    pair, or a bare response with `request`). `flags` are llama-server flags by settings attr
+    (e.g. {"n_ctx": 4096}). Returns the per-token report and the repaired text in the source's
+    own shape (empty when a record could not be recovered).
+
+        >>> res = recover("run.json", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        >>> res.records[0].summary()["counts"]
+        {'ok': 1, 'placeholder': 38, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
+    """
+    if isinstance(source, (dict, list)):
+        original = json.dumps(source)
+        records = read_text(original, "<object>", request)
+    else:
+        original = read_source(source)
+        records = read_text(original, str(source), request)
+    done = recover_records(records, model, flags=flags, options=options, progress=progress)
+    return result_of(records, done, original)
+
+
+def recover_records(records: list[Record], model: Model | str | Path, *, flags: dict | None = None,
+                    options: RecoverOptions | None = None, progress: Callable[[int, int], None] | None = None,
+                    skip: int = 0, on_record: Callable[[Record, Recovered], bool] | None = None) -> list[Recovered]:
+    """Recover records in order. `skip` leaves the first ones out (finished by an earlier,
+    interrupted run); `on_record(record, recovered)` runs after each and may return False to stop."""
+    r = Recoverer(model if isinstance(model, Model) else Model(model), flags, options)
+    out: list[Recovered] = []
+    try:
+        for k, rec in enumerate(records):
+            if k < skip:
+                continue
+            out.append(r.recover(rec))
+            if progress is not None:
+                progress(k + 1, len(records))
+            if on_record is not None and on_record(rec, out[-1]) is False:
+                break
+    finally:
+        r.close()
+    return out
+
+
+def result_of(records: list[Record], done: list[Recovered], original: str) -> RecoverResult:
+    """The report of `done`, with the repaired file text when every record of the file was recovered."""
+    complete = len(done) == len(records) and all(d.container is not None for d in done)
+    text = serialise(records, [d.container for d in done], original) if complete else ""
+    return RecoverResult([d.report for d in done], text)

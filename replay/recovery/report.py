@@ -1,0 +1,130 @@
+"""What recover found, per token and per record: the data of the report (rendered by cli/render.py).
+
+Each token is classified:
+
+    ok           the server's value is real and agrees with the true one (within the tolerance)
+    placeholder  logprob 0 / prob 1 with no alternatives where alternatives were asked for
+    missing      no entry at all (streamed speculative tokens, tokens ending in incomplete UTF-8)
+    mismatch     a real-looking value that disagrees beyond the tolerance
+    unaligned    generated text no sequence of the model's pieces spells
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+STATUSES = ("ok", "placeholder", "missing", "mismatch", "unaligned")
+RECOVERED = ("ok", "placeholder", "missing")
+
+
+@dataclass(frozen=True)
+class TokenReport:
+    index: int
+    id: int | None
+    piece: str
+    server_logprob: float | None  # natural log; null where the server sent nothing
+    true_logprob: float | None
+    status: str
+    true_top: list[dict]
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "id": self.id, "piece": self.piece, "server_logprob": self.server_logprob,
+                "true_logprob": self.true_logprob, "status": self.status, "true_top": self.true_top,
+                **({"note": self.note} if self.note else {})}
+
+
+@dataclass
+class RecordReport:
+    source: str
+    record: int
+    endpoint: str
+    stream: bool
+    field_kind: str  # "logprob" (pre-sampling) or "prob" (post_sampling_probs), as the server sent them
+    n_probs: int
+    tokens: list[TokenReport] = field(default_factory=list)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)  # gaps that no token row can show
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
+    prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
+
+    def summary(self) -> dict[str, Any]:
+        counts = {s: 0 for s in STATUSES}
+        for t in self.tokens:
+            counts[t.status] += 1
+        true = [t.true_logprob for t in self.tokens if t.true_logprob is not None]
+        server = [t.server_logprob for t in self.tokens if t.server_logprob is not None]
+        real = [abs(t.server_logprob - t.true_logprob) for t in self.tokens
+                if t.status in ("ok", "mismatch") and t.server_logprob is not None and t.true_logprob is not None]
+        mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
+        mt = mean(true)
+        return {
+            "tokens": len(self.tokens), "counts": counts,
+            "server_mean_logprob": mean(server), "true_mean_logprob": mt,
+            "true_perplexity": math.exp(-mt) if mt is not None else None,
+            "max_abs_diff_real": max(real) if real else None,
+            "field_kind": self.field_kind,
+        }
+
+    @property
+    def recovered(self) -> bool:
+        return self.error is None and all(t.status in RECOVERED for t in self.tokens)
+
+    def to_json(self) -> dict:
+        d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
+             "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
+             "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
+             "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
+        if self.error:
+            d["error"] = self.error
+        if self.notes:
+            d["notes"] = self.notes
+        return d
+
+
+@dataclass
+class RecoverResult:
+    """What `recover()` returns: one report per record, and the repaired file text."""
+
+    records: list[RecordReport]
+    repaired: str
+
+    @property
+    def ok(self) -> bool:
+        return all(r.recovered for r in self.records)
+
+    def summary(self) -> dict[str, Any]:
+        counts = {s: 0 for s in STATUSES}
+        for r in self.records:
+            for k, v in r.summary()["counts"].items():
+                counts[k] += v
+        diffs = [r.summary()["max_abs_diff_real"] for r in self.records]
+        diffs = [d for d in diffs if d is not None]
+        return {"records": len(self.records), "counts": counts, "max_abs_diff_real": max(diffs) if diffs else None,
+                "prompt_tokens": sum(r.prompt_tokens for r in self.records),
+                "reused_prompt_tokens": sum(r.reused_prompt_tokens for r in self.records)}
+
+    def to_json(self) -> dict:
+        return {"records": [r.to_json() for r in self.records], "summary": self.summary()}
+
+    def failure(self) -> str | None:
+        """One line saying why not everything was recovered, or None."""
+        for r in self.records:
+            if r.error:
+                return f"{r.source}, record {r.record}: {r.error}"
+        bad = [(r, t) for r in self.records for t in r.tokens if t.status in ("mismatch", "unaligned")]
+        if bad:
+            r, t = bad[0]
+            why = "the replay does not match this server's numerics (model file, build, or context settings)"
+            if r.prefix == "server cache":
+                why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
+                       "rebuilt from the previous record: keep the file in request order, one server slot")
+            elif r.prefix == "server cache (rebuilt)":
+                why = ("the server took part of this prompt from a cache left by a request that is not in this file, "
+                       "and evaluating those tokens on their own did not rebuild it (see the note); --tolerance 0.3 "
+                       "accepts the difference and keeps the server's real values as sent")
+            return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
+                    f"{r.record}, token {t.index}, {t.note}); {why}")
+        return None

@@ -1,0 +1,322 @@
+"""Small owning Python objects over libllama's C API (llama-cpp-python's ctypes bindings).
+
+    Model    llama_model_load_from_file / llama_model_free, plus the vocabulary
+    Context  llama_init_from_model / llama_free, decode, logits rows, KV removal
+    Batch    llama_batch_init / llama_batch_free
+
+Each object frees its handle exactly once (close() is idempotent, __del__ calls
+it), and a Context is closed before the Model it was made from. Every
+llama_decode return code is checked and named (include/llama.h: 0 ok, 1 no KV
+slot, 2 aborted, -1 invalid batch, < -1 fatal).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as L
+import numpy as np
+
+from ..errors import ModelError, SpecReplayError
+from .gguf import check_gguf
+
+# --- logging: libllama is quiet unless SPEC_REPLAY_VERBOSE is set -------------
+
+_verbose = bool(os.environ.get("SPEC_REPLAY_VERBOSE"))
+
+
+@L.llama_log_callback
+def _log_cb(level, text, user_data):  # pragma: no cover - C callback
+    if _verbose:
+        try:
+            os.write(2, text)
+        except OSError:
+            pass
+
+
+def set_verbose(flag: bool) -> None:
+    global _verbose
+    _verbose = flag
+
+
+_backend_ready = False
+
+
+def _backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        L.llama_log_set(_log_cb, ctypes.c_void_p(0))
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+class DecodeError(SpecReplayError):
+    """llama_decode failed; `code` is its return value."""
+
+    MEANING = {1: "no KV cache slot for the batch (context too small)", 2: "aborted",
+               -1: "invalid batch"}
+
+    def __init__(self, code: int):
+        super().__init__(f"llama_decode returned {code}: {self.MEANING.get(code, 'fatal error')}")
+        self.code = code
+
+
+class _Owner:
+    """One owner per C handle: close() frees it once; `with` and garbage collection close too."""
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Model(_Owner):
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: Path | str):
+        _backend()
+        self.path = check_gguf(path)
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 0
+        ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not ptr:
+            raise ModelError(f"libllama could not load {self.path} (not a supported GGUF model?)")
+        self._ptr = ptr
+        self.vocab = L.llama_model_get_vocab(ptr)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
+        self._contexts: list[Context] = []
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise RuntimeError("model is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        for ctx in list(self._contexts):
+            ctx.close()
+        if self._ptr is not None:
+            L.llama_model_free(self._ptr)
+            self._ptr = None
+
+    # --- vocabulary ------------------------------------------------------
+
+    def _spm_unrepresentable(self, text: str, parse_special: bool) -> str | None:
+        """A character an SPM vocabulary without byte-fallback tokens cannot encode, if any.
+
+        llama.cpp's SPM tokenizer looks such a character up with `token_to_id.at()`
+        (src/llama-vocab.cpp, llm_tokenizer_spm_session::resegment) and the uncaught
+        std::out_of_range aborts the process; real SPM models have <0xNN> byte tokens, the
+        tiny fixture does not."""
+        if getattr(self, "_spm_chars", None) is None:
+            self._spm_chars = frozenset()
+            self._spm_specials: tuple[str, ...] = ()
+            if int(L.llama_vocab_type(self.vocab)) == 1:  # LLAMA_VOCAB_TYPE_SPM
+                texts = [(L.llama_vocab_get_text(self.vocab, t) or b"").decode("utf-8", "replace")
+                         for t in range(self.n_vocab)]
+                if "<0x41>" not in texts:
+                    self._spm_chars = frozenset(x for x in texts if len(x) == 1)
+                    self._spm_specials = tuple(sorted((x for x in texts if len(x) > 1), key=len, reverse=True))
+        if not self._spm_chars:
+            return None
+        if parse_special:
+            for sp in self._spm_specials:
+                text = text.replace(sp, "")
+        return next((c for c in text.replace(" ", "\u2581") if c not in self._spm_chars), None)
+
+    def tokenize(self, text: str | bytes, *, add_special: bool, parse_special: bool) -> list[int]:
+        raw = text.encode("utf-8") if isinstance(text, str) else text
+        bad = self._spm_unrepresentable(raw.decode("utf-8", "replace"), parse_special)
+        if bad is not None:
+            raise ModelError(f"{self.path.name} cannot tokenize {bad!r}: its SPM vocabulary has no byte-fallback "
+                             "tokens for characters outside it (the text comes from another model?)")
+        n_max = len(raw) + 8
+        buf = (L.llama_token * n_max)()
+        n = L.llama_tokenize(self.vocab, raw, len(raw), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (L.llama_token * n_max)()
+            n = L.llama_tokenize(self.vocab, raw, len(raw), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def _check_id(self, token: int) -> None:
+        # libllama throws std::out_of_range (and the process aborts) for ids outside the vocabulary
+        if not 0 <= token < self.n_vocab:
+            raise ModelError(f"token id {token} is outside {self.path.name}'s vocabulary ({self.n_vocab} tokens): "
+                             "the transcript comes from another model")
+
+    def piece(self, token: int, *, special: bool = True) -> bytes:
+        """The bytes of one token (llama_token_to_piece, no leading-space stripping)."""
+        self._check_id(token)
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        self._check_id(token)
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    @functools.cached_property
+    def eog_ids(self) -> tuple[int, ...]:
+        """Every end-of-generation id (EOS, EOT, ...), looked up once per model."""
+        return tuple(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t))
+
+    @property
+    def eos(self) -> int:
+        return int(L.llama_vocab_eos(self.vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(L.llama_vocab_bos(self.vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(L.llama_vocab_get_add_bos(self.vocab))
+
+    def chat_template(self) -> str | None:
+        t = L.llama_model_chat_template(self.ptr, None)
+        return t.decode("utf-8") if t else None
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+class Batch:
+    """A llama_batch with room for `capacity` tokens of one sequence."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._b = L.llama_batch_init(capacity, 0, 1)
+        self._freed = False
+
+    def fill(self, tokens: Sequence[int], pos0: int, outputs: Sequence[bool], seq_id: int = 0) -> None:
+        n = len(tokens)
+        assert n <= self.capacity and len(outputs) == n
+        b = self._b
+        b.n_tokens = n
+        for i, t in enumerate(tokens):
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq_id
+            b.logits[i] = bool(outputs[i])
+
+    @property
+    def raw(self):
+        return self._b
+
+    def close(self) -> None:
+        if not self._freed:
+            L.llama_batch_free(self._b)
+            self._freed = True
+
+    def __del__(self):
+        self.close()
+
+
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "bf16": 30}
+
+
+class Context(_Owner):
+    """A decoding context, configured like llama-server's (`-c`, `-b`, `-ub`, `-fa`, `-ctk/-ctv`, `-t`)."""
+
+    def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
+                 n_threads: int = 2, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
+                 n_seq_max: int = 1):
+        self.model = model
+        p = L.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
+        p.n_seq_max = n_seq_max
+        p.n_threads = p.n_threads_batch = n_threads
+        p.flash_attn_type = FLASH_ATTN[flash_attn]
+        p.type_k, p.type_v = KV_TYPES[type_k], KV_TYPES[type_v]
+        p.no_perf = True
+        ptr = L.llama_init_from_model(model.ptr, p)
+        if not ptr:
+            raise ModelError(f"libllama could not create a context (n_ctx={n_ctx}) for {model.path}")
+        self._ptr = ptr
+        self.n_ctx = min(n_ctx, int(L.llama_n_ctx(ptr)))  # libllama may round up; the limit is what was asked
+        self.n_batch = n_batch
+        self.n_ubatch = int(L.llama_n_ubatch(ptr))
+        self.n_vocab = model.n_vocab
+        self.kv_tokens: list[int] = []  # the token in each KV position 0..len-1 (sequence 0)
+        self._batch = Batch(n_batch)
+        model._contexts.append(self)
+
+    @property
+    def ptr(self):
+        if self._ptr is None:
+            raise RuntimeError("context is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            self._batch.close()
+            L.llama_free(self._ptr)
+            self._ptr = None
+            if self in self.model._contexts:
+                self.model._contexts.remove(self)
+
+    def decode(self, tokens: Sequence[int], pos0: int, outputs: Sequence[bool] | None = None, seq_id: int = 0) -> None:
+        """Decode one batch (<= n_batch tokens) at positions pos0.. ; `outputs` marks rows that get logits."""
+        if len(tokens) > self.n_batch:
+            raise ValueError(f"batch of {len(tokens)} exceeds n_batch {self.n_batch}")
+        if pos0 + len(tokens) > self.n_ctx:
+            raise ModelError(f"the context is too small: {pos0 + len(tokens)} tokens needed, n_ctx is {self.n_ctx}")
+        outs = outputs if outputs is not None else [False] * (len(tokens) - 1) + [True]
+        self._batch.fill(tokens, pos0, outs, seq_id)
+        rc = L.llama_decode(self.ptr, self._batch.raw)
+        if rc != 0:
+            self.kv_tokens = []  # unknown state: the next user starts from scratch
+            raise DecodeError(rc)
+        if seq_id == 0:
+            if pos0 <= len(self.kv_tokens):
+                self.kv_tokens[pos0:] = tokens
+            else:
+                self.kv_tokens = []
+
+    def logits(self, i: int) -> np.ndarray:
+        """A copy of the logits of output row `i` of the last batch (-1 = last), float32 [n_vocab]."""
+        ptr = L.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def logits_ptr(self, i: int):
+        """The raw float* of row `i` (valid until the next decode)."""
+        return L.llama_get_logits_ith(self.ptr, i)
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
+        L.llama_memory_seq_rm(L.llama_get_memory(self.ptr), seq_id, p0, p1)
+        if seq_id == 0:
+            if p1 < 0 or p1 >= len(self.kv_tokens):
+                del self.kv_tokens[p0:]
+            else:
+                self.kv_tokens = []  # a hole: no longer a plain prefix
+
+    def clear(self) -> None:
+        L.llama_memory_clear(L.llama_get_memory(self.ptr), True)
+        self.kv_tokens = []
+
+    def keep(self, n: int) -> None:
+        """Keep the KV cells of positions 0..n-1 and drop the rest (clear when n is 0)."""
+        if n <= 0:
+            self.clear()
+        else:
+            self.seq_rm(0, n, -1)

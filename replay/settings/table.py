@@ -1,0 +1,184 @@
+"""llama-server's settings that change what a replay must do, one row each.
+
+Every command that takes server flags builds its options from this table (cli/options.py), the
+config objects are generated from it (settings/config.py), `record` writes the transcript's
+`server.speculative` block from it, and the test harness starts servers with it
+(llamacpp/process.py). A setting is spelled exactly as llama-server spells it: the first flag
+is the long name of `common/arg.cpp` (b11434), the aliases are the other names it accepts there.
+
+Columns:
+
+    flag, aliases   as in common/arg.cpp's common_arg({...}) (line cited in `source`)
+    attr            the Python name of the value in config objects and option callbacks
+    group           "speculative" | "context"   (the config object it belongs to)
+    kind            int | float | choice | path | list (comma-separated or repeated, like --spec-type)
+    default         llama-server's built-in default (common/common.h), per build profile where
+                    they differ (`profiles` lists the builds that have the flag at all)
+    transcript      where `record` keeps it: a key of the transcript's `server.speculative`
+                    block ("ngram.mod-n-match" is the key "mod-n-match" of its "ngram" object)
+    props           where a running server reports it: a dotted path in GET /props
+    generation      the key under which /completion's `generation_settings` (and
+                    /props' default_generation_settings.params) echo it
+
+Adding llama-server's sampling flags means adding rows (with `request` and `gguf` columns for
+the request field and the model file's general.sampling.* key), nothing else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PROFILES = ("b11434", "0c1e570")
+
+# common/speculative.cpp: common_speculative_all_types_str (b11434); replay support in loop/profiles.py
+SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+              "draft-mtp", "draft-eagle3", "draft-dflash")
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp:396-406
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One llama-server flag (see the module docstring for the columns)."""
+
+    flag: str
+    attr: str
+    group: str
+    kind: str
+    default: Any
+    help: str
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    transcript: str | None = None
+    props: str | None = None
+    generation: str | None = None
+    profiles: tuple[str, ...] = PROFILES
+    profile_defaults: dict[str, Any] = field(default_factory=dict)
+    source: str = ""  # common/arg.cpp line (b11434)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.flag, *self.aliases)
+
+    def default_for(self, profile: str) -> Any:
+        return self.profile_defaults.get(profile, self.default)
+
+    def parse(self, value: Any) -> Any:
+        """A value as llama-server would take it on its command line (strings from the shell or a
+        transcript, or already-typed values); raises ValueError naming the flag."""
+        if value is None:
+            return None
+        if self.kind in ("int", "float"):
+            return self._number(value)
+        if self.kind == "list":
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)):
+                raise ValueError(f"{self.flag}: cannot read {value!r}")
+            out = tuple(str(x).strip() for x in items if str(x).strip())
+            bad = [x for x in out if self.choices and x not in self.choices]
+            if bad:
+                raise ValueError(f"{self.flag}: unknown value {bad[0]!r} (llama-server takes "
+                                 f"{', '.join(self.choices or ())})")
+            return out
+        if self.kind == "choice" and str(value) not in (self.choices or ()):
+            raise ValueError(f"{self.flag}: {value!r} is not one of {', '.join(self.choices or ())}")
+        return str(value)
+
+    def _number(self, value: Any) -> int | float:
+        what = "an integer" if self.kind == "int" else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"{self.flag} takes {what}, got {value!r}")
+        try:
+            x = float(value)
+            if self.kind == "int":
+                if not x.is_integer():
+                    raise ValueError
+                return int(value) if not isinstance(value, float) else int(x)
+            if x != x or x in (float("inf"), float("-inf")):
+                raise ValueError
+            return x
+        except ValueError:
+            raise ValueError(f"{self.flag} takes {what}, got {value!r}") from None
+
+
+def _spec(flag: str, attr: str, kind: str, default: Any, help: str, *, ngram: str | None = None, **kw) -> Setting:
+    return Setting(flag, attr, "speculative", kind, default, help,
+                   transcript=kw.pop("transcript", None) or (f"ngram.{ngram}" if ngram else attr), **kw)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # --- speculative decoding (common/arg.cpp:4150-4400, common/common.h:326-372) -------------------
+    _spec("--spec-type", "spec_types", "list", (), "speculative types, comma-separated or repeated",
+          choices=SPEC_TYPES, metavar="TYPE[,TYPE]", transcript="types", generation="speculative.types",
+          source="common/arg.cpp:4274"),
+    _spec("--spec-draft-model", "draft_model", "path", None, "draft model for draft-simple",
+          aliases=("-md", "--model-draft"), metavar="FNAME", source="common/arg.cpp:4266"),
+    _spec("--spec-draft-n-max", "draft_n_max", "int", 3, "tokens to draft per step (draft-simple)",
+          metavar="N", source="common/arg.cpp:4150"),
+    _spec("--spec-draft-n-min", "draft_n_min", "int", 0, "minimum draft length, shorter drafts are dropped",
+          metavar="N", source="common/arg.cpp:4160"),
+    _spec("--spec-draft-p-min", "draft_p_min", "float", 0.0, "stop drafting below this draft probability",
+          aliases=("--draft-p-min",), metavar="P", source="common/arg.cpp:4207"),
+    _spec("--spec-draft-sampling", "draft_sampling", "choice", "greedy",
+          "greedy: the draft's argmax, verified by sample-and-match; probabilistic: sampled, verified by "
+          "rejection", choices=("greedy", "probabilistic"), profiles=("b11434",), source="common/arg.cpp:4223"),
+    _spec("--spec-ngram-simple-size-n", "ngram_simple_size_n", "int", 12, "ngram-simple lookup length",
+          ngram="simple-size-n", metavar="N", source="common/arg.cpp:4315"),
+    _spec("--spec-ngram-simple-size-m", "ngram_simple_size_m", "int", 48, "ngram-simple draft length",
+          ngram="simple-size-m", metavar="N", source="common/arg.cpp:4325"),
+    _spec("--spec-ngram-simple-min-hits", "ngram_simple_min_hits", "int", 1,
+          "accepted for completeness: ngram-simple drafting never reads it (common/ngram-map.cpp:49-112)",
+          ngram="simple-min-hits", metavar="N", source="common/arg.cpp:4335"),
+    _spec("--spec-ngram-map-k-size-n", "ngram_map_k_size_n", "int", 12, "ngram-map-k key length",
+          ngram="map-k-size-n", metavar="N", source="common/arg.cpp:4346"),
+    _spec("--spec-ngram-map-k-size-m", "ngram_map_k_size_m", "int", 48, "ngram-map-k draft length",
+          ngram="map-k-size-m", metavar="N", source="common/arg.cpp:4356"),
+    _spec("--spec-ngram-map-k-min-hits", "ngram_map_k_min_hits", "int", 1, "ngram-map-k minimum hits",
+          ngram="map-k-min-hits", metavar="N", source="common/arg.cpp:4366"),
+    _spec("--spec-ngram-map-k4v-size-n", "ngram_map_k4v_size_n", "int", 12, "ngram-map-k4v key length",
+          ngram="map-k4v-size-n", metavar="N", source="common/arg.cpp:4377"),
+    _spec("--spec-ngram-map-k4v-size-m", "ngram_map_k4v_size_m", "int", 48, "ngram-map-k4v draft length",
+          ngram="map-k4v-size-m", metavar="N", source="common/arg.cpp:4387"),
+    _spec("--spec-ngram-map-k4v-min-hits", "ngram_map_k4v_min_hits", "int", 1, "ngram-map-k4v minimum hits",
+          ngram="map-k4v-min-hits", metavar="N", source="common/arg.cpp:4397"),
+    _spec("--spec-ngram-mod-n-match", "ngram_mod_n_match", "int", 24, "ngram-mod lookup length",
+          ngram="mod-n-match", metavar="N", source="common/arg.cpp:4304"),
+    _spec("--spec-ngram-mod-n-max", "ngram_mod_n_max", "int", 64, "ngram-mod maximum draft length",
+          ngram="mod-n-max", metavar="N", source="common/arg.cpp:4294"),
+    _spec("--spec-ngram-mod-n-min", "ngram_mod_n_min", "int", 48, "ngram-mod minimum draft length",
+          ngram="mod-n-min", metavar="N", source="common/arg.cpp:4284"),
+
+    # --- context: what changes the numerics or the loop's limits (common/common.h:454-504) -----------
+    Setting("--ctx-size", "n_ctx", "context", "int", 0,
+            "context size (0: the model's; a replay then takes the transcript's /props n_ctx, else 2048)",
+            aliases=("-c",), metavar="N", transcript="n_ctx", props="default_generation_settings.n_ctx",
+            source="common/arg.cpp:1642"),
+    Setting("--batch-size", "n_batch", "context", "int", 2048, "logical batch size (prompt batches)",
+            aliases=("-b",), metavar="N", transcript="n_batch", source="common/arg.cpp:1672"),
+    Setting("--ubatch-size", "n_ubatch", "context", "int", 512, "physical batch size (ubatches)",
+            aliases=("-ub",), metavar="N", transcript="n_ubatch", source="common/arg.cpp:1679"),
+    Setting("--flash-attn", "flash_attn", "context", "choice", "auto", "flash attention",
+            aliases=("-fa",), choices=("on", "off", "auto"), transcript="flash_attn",
+            source="common/arg.cpp:1757"),
+    Setting("--cache-type-k", "cache_type_k", "context", "choice", "f16", "KV cache type for K",
+            aliases=("-ctk",), choices=KV_CACHE_TYPES, transcript="cache_type_k", source="common/arg.cpp:2440"),
+    Setting("--cache-type-v", "cache_type_v", "context", "choice", "f16", "KV cache type for V",
+            aliases=("-ctv",), choices=KV_CACHE_TYPES, transcript="cache_type_v", source="common/arg.cpp:2453"),
+    Setting("--threads", "threads", "context", "int", -1,
+            "CPU threads (-1: all cores; values do not depend on it)", aliases=("-t",), metavar="N",
+            transcript="threads", source="common/arg.cpp:1520"),
+    Setting("--parallel", "n_parallel", "context", "int", -1, "server slots (-1: auto, 4 with a unified KV cache)",
+            aliases=("-np",), metavar="N", transcript="n_parallel", props="total_slots",
+            source="common/arg.cpp:2547"),
+)
+
+GROUPS = ("speculative", "context")
+BY_ATTR: dict[str, Setting] = {s.attr: s for s in SETTINGS}
+BY_FLAG: dict[str, Setting] = {n: s for s in SETTINGS for n in s.names}
+
+
+def rows(*groups: str) -> tuple[Setting, ...]:
+    """The settings of `groups`, in table order."""
+    unknown = set(groups) - set(GROUPS)
+    assert not unknown, f"unknown settings group(s) {unknown}"
+    return tuple(s for s in SETTINGS if s.group in groups)

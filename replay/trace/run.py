@@ -1,0 +1,216 @@
+"""Trace a recorded request (or a fresh prompt) through the server's loop and check it.
+
+    trace_record(rec, target, ...) -> TraceResult     the loop with the transcript's settings,
+                                                      compared token by token with what it recorded
+    trace_prompt(target, prompt, ...) -> TraceResult  the loop from scratch
+
+The server's settings resolve from our flags, the transcript and its /props
+(settings/config.py); the loop's profile from `--profile` or the transcript's build_info.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import ModelError, SpecReplayError
+from ..loop.loop import Emitted, Limits, SpeculativeLoop, Step
+from ..loop.profiles import DEFAULT_PROFILE, profile_of
+from ..recovery.prompt import prompt_ids
+from ..runtime.gguf import check_gguf
+from ..runtime.llama import Model
+from ..runtime.sampler import SamplingParams, requested_n_probs
+from ..settings import ContextConfig, SpecConfig, resolve
+from ..transcripts.entries import n_prompt_cached, sent_entries
+from ..transcripts.plan import Gap, build_plan
+from ..transcripts.readers import Record
+
+DEFAULT_N_CTX = 2048
+
+
+@dataclass
+class TraceResult:
+    steps: list[Step]
+    emitted: list[Emitted]
+    pieces: list[str]
+    recorded: list[int] | None  # the transcript's generated ids (None: no transcript)
+    first_divergence: int | None
+    draft_n: int
+    draft_n_accepted: int
+    server_draft_n: int | None = None
+    server_draft_n_accepted: int | None = None
+    post: bool = False
+    server_candidates: list[tuple[int, float]] | None = None  # the transcript's top list at the divergence
+    notes: list[str] = field(default_factory=list)
+    profile: str = DEFAULT_PROFILE
+    spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
+
+    @property
+    def reproduced(self) -> bool | None:
+        if self.recorded is None:
+            return None
+        return self.first_divergence is None and (
+            self.server_draft_n is None or (self.server_draft_n, self.server_draft_n_accepted) ==
+            (self.draft_n, self.draft_n_accepted))
+
+    def to_json(self, piece: Callable[[int], str]) -> dict:
+        def top(pairs, post):
+            return [{"id": i, "piece": piece(i), "logprob": (math.log(v) if post and v > 0 else v)} for i, v in pairs]
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "emitted": [{"index": e.index, "id": e.id, "piece": self.pieces[e.index], "step": e.step,
+                         "logprob": e.logprob, "top": top(e.top, False),
+                         "post_prob": e.post_prob, "post_top": top(e.post_top, True)} for e in self.emitted],
+            "reproduced": self.reproduced, "first_divergence": self.first_divergence,
+            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
+            "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
+            "server_candidates_at_divergence": None if self.server_candidates is None else
+            [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
+            "notes": self.notes,
+        }
+
+
+def first_divergence(ids: Sequence[int], recorded: Sequence[int]) -> int | None:
+    """The first index where the two token sequences differ (one ending early counts), or None."""
+    for i in range(max(len(ids), len(recorded))):
+        if i >= len(ids) or i >= len(recorded) or ids[i] != recorded[i]:
+            return i
+    return None
+
+
+def run_loop(target: Model, prompt: Sequence[int], params: SamplingParams, spec: SpecConfig, ctx: ContextConfig, *,
+             profile: str, limits: Limits, draft: Model | None, n_probs: int, recorded: list[int] | None = None,
+             timings: dict | None = None, server_state: dict | None = None, stream: bool = False) -> TraceResult:
+    """Run the loop for one request. `recorded` (the server's ids) is compared token by token; from a
+    stream it may lack a final end-of-generation token (a stream sends no chunk for it)."""
+    loop = SpeculativeLoop(target, prompt, params, spec, profile=profile, limits=limits, draft=draft,
+                           n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
+                           n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, server_state=server_state)
+    try:
+        steps = list(loop.steps())
+    finally:
+        loop.close()
+    ids = [e.id for e in loop.emitted]
+    div = None
+    if recorded is not None:
+        if stream and len(ids) == len(recorded) + 1 and ids[:-1] == list(recorded) and target.is_eog(ids[-1]):
+            recorded = list(recorded) + [ids[-1]]
+        div = first_divergence(ids, recorded)
+    t = timings or {}
+    return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded, div,
+                       loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
+                       post=bool(params.post_sampling_probs), profile=profile, spec=spec)
+
+
+# --- what a transcript recorded --------------------------------------------------------
+
+def recorded_ids(rec: Record, model: Model) -> tuple[list[int] | None, bytes]:
+    """The transcript's generated ids if it carries all of them, and its generated bytes."""
+    piece = lambda t: model.piece(t, special=True)  # noqa: E731 (refuses ids outside the vocabulary)
+    plan = build_plan(rec, piece)
+    data = b"".join(piece(i.id) if not isinstance(i, Gap) else i.data for i in plan)
+    if any(isinstance(i, Gap) for i in plan):
+        return None, data
+    return [i.id for i in plan], data
+
+
+def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
+    """The server's own top list for generated token `index` (natural-log values), if it sent a real one."""
+    probs = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
+                                                                                         events=rec.chunks())
+    if index < len(probs) and probs[index].top:
+        return [(i, lp) for i, _, lp in probs[index].top]
+    return None
+
+
+def n_predict_of(body: dict, default: int = -1) -> int:
+    for k in ("n_predict", "max_tokens", "max_completion_tokens"):
+        if body.get(k) is not None:
+            return int(body[k])
+    return default
+
+
+def stop_strings(body: dict) -> tuple[str, ...]:
+    s = body.get("stop")
+    if isinstance(s, str):
+        return (s,)
+    return tuple(x for x in s if isinstance(x, str)) if isinstance(s, list) else ()
+
+
+class Drafts:
+    """Draft models by path, loaded once for a run over many records."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, Model] = {}
+
+    def get(self, path: str) -> Model:
+        if path not in self._models:
+            self._models[path] = Model(check_gguf(path))
+        return self._models[path]
+
+
+# --- the two entry points ----------------------------------------------------------------
+
+def trace_record(rec: Record, target: Model, *, flags: dict | None = None, profile: str | None = None,
+                 server_state: dict | None = None, drafts: Drafts | None = None) -> TraceResult:
+    """Trace one recorded request with its settings (flags given here win over the transcript's).
+    Pass the same `server_state` for consecutive requests to one server. Errors name the record."""
+    try:
+        return _trace_record(rec, target, flags or {}, profile, server_state, drafts or Drafts())
+    except SpecReplayError as e:
+        err = e.located(rec.source, rec.index)
+        if err is e:
+            raise
+        raise err from e
+
+
+def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, server_state: dict | None,
+                  drafts: Drafts) -> TraceResult:
+    final = rec.final() or {}
+    profile = profile or profile_of(rec.build_info or final.get("system_fingerprint")) or DEFAULT_PROFILE
+    prompt = prompt_ids(rec, target)
+    _check_ids(prompt, target)
+    spec = resolve("speculative", flags=flags, transcript=rec.speculative, props=rec.props, profile=profile)
+    ctx = resolve("context", flags=flags, transcript=rec.speculative, props=rec.props, profile=profile)
+    draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
+    params = SamplingParams.from_request(rec.endpoint, rec.request)
+    recorded, _ = recorded_ids(rec, target)
+    timings = final.get("timings")
+    if timings is not None:
+        timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
+    limits = Limits(n_ctx=ctx.n_ctx or DEFAULT_N_CTX, n_predict=n_predict_of(rec.request),
+                    stop=stop_strings(rec.request))
+    res = run_loop(target, prompt, params, spec, ctx, profile=profile, limits=limits, draft=draft,
+                   n_probs=requested_n_probs(rec.endpoint, rec.request) or 5, recorded=recorded, timings=timings,
+                   server_state=server_state, stream=rec.stream)
+    if res.first_divergence is not None:
+        res.server_candidates = recorded_candidates(rec, res.first_divergence)
+    cached = n_prompt_cached(rec.final())
+    if cached:
+        res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "
+                         "the prompt from scratch, so its values differ slightly from the server's and a "
+                         "near-tie may sample differently (record with cache_prompt false; recover rebuilds "
+                         "the cache state)")
+    return res
+
+
+def trace_prompt(target: Model, prompt: str, *, seed: int, temp: float, n_predict: int, flags: dict | None = None,
+                 profile: str | None = None, drafts: Drafts | None = None) -> TraceResult:
+    """Run the loop from scratch on a text prompt, as a /completion request with these fields."""
+    profile = profile or DEFAULT_PROFILE
+    body = {"prompt": prompt, "seed": seed, "temperature": temp, "n_predict": n_predict, "n_probs": 5}
+    ids = target.tokenize(prompt, add_special=True, parse_special=True)
+    spec = resolve("speculative", flags=flags, profile=profile)
+    ctx = resolve("context", flags=flags, profile=profile)
+    draft = (drafts or Drafts()).get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model \
+        else None
+    params = SamplingParams.from_request("/completion", body)
+    return run_loop(target, ids, params, spec, ctx, profile=profile,
+                    limits=Limits(n_ctx=ctx.n_ctx or DEFAULT_N_CTX, n_predict=n_predict), draft=draft, n_probs=5)
+
+
+def _check_ids(prompt: Sequence[int], target: Model) -> None:
+    bad = next((t for t in prompt if not 0 <= t < target.n_vocab), None)
+    if bad is not None:
+        raise ModelError(f"prompt token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
+                         "tokens): the transcript comes from another model")

@@ -1,0 +1,417 @@
+"""Read every transcript shape users have into `Record`s.
+
+A file holds one of:
+
+    our transcript            {"format": "spec-replay-transcript", ...}     (JSON, or JSONL of them)
+    a request/response pair   {"request": {...}, "response": <body | [chunks] | "data: ...">}
+    a bare response           a body, a list of SSE chunk objects, or SSE text (`data:` lines),
+                              with the request given separately (--request FILE)
+
+and responses come from `/v1/chat/completions`, `/v1/completions` or `/completion`,
+non-stream or stream, including OpenAI-SDK `model_dump_json()` dumps (which add
+null-valued fields the server never sent). Detection looks at the structure,
+never at the file name; whatever cannot be read raises TranscriptError naming
+the file, the record and why.
+
+A Record holds the parsed objects as read; nothing downstream changes them. The repair pass
+(recovery/repair.py) builds its output from copies, placed back into the file's own shape.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import TranscriptError
+from ..settings import check_recorded
+from ..transcripts.format import FORMAT, VERSION
+
+CHAT, CMPL, NATIVE = "/v1/chat/completions", "/v1/completions", "/completion"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request and its response, normalised (read-only: see the module docstring)."""
+
+    source: str
+    index: int  # 1-based record number within the file
+    endpoint: str
+    request: dict
+    stream: bool
+    response: dict | None = None  # non-stream body (the very object inside `container`)
+    events: list[Any] | None = None  # stream chunks: dicts, or "[DONE]" strings
+    prompt_ids: list[int] | None = None
+    build_info: str | None = None
+    speculative: dict | None = None  # the transcript's server.speculative (the server's flags, from `record`)
+    props: dict | None = None  # the server's GET /props when `record` sent the request
+    container: Any = None  # the record's top-level object: the transcript / pair / bare response
+    events_as: str = "objects"  # how events are stored in the container: objects | strings | sse-text
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}, record {self.index}"
+
+    def chunks(self) -> list[dict]:
+        return [e for e in (self.events or []) if isinstance(e, dict)]
+
+    def final(self) -> dict | None:
+        """The object carrying usage/timings."""
+        if not self.stream:
+            return self.response
+        for e in reversed(self.chunks()):
+            if "usage" in e and e["usage"] or "timings" in e or "tokens_evaluated" in e:
+                return e
+        return None
+
+
+# --- file level ----------------------------------------------------------------
+
+def read_source(path: Path | str) -> str:
+    """A transcript file's text; unreadable or non-UTF-8 files are a TranscriptError naming the file."""
+    src = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise TranscriptError(f"cannot read: {e.strerror}", source=src) from e
+    return decode_text(raw, src)
+
+
+def decode_text(raw: bytes, source: str) -> str:
+    """A file's bytes as text; anything but UTF-8 is a TranscriptError naming the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TranscriptError(f"not UTF-8 text (byte {e.start})", source=source) from e
+
+
+def read_file(path: Path | str, request: dict | None = None) -> list[Record]:
+    """Every record in a file; `request` pairs with a bare response."""
+    return read_text(read_source(path), str(path), request)
+
+
+def read_text(text: str, source: str, request: dict | None = None) -> list[Record]:
+    stripped = text.lstrip()
+    if not stripped:
+        raise TranscriptError("the file is empty", source=source)
+    if stripped.startswith("data:") or stripped.startswith(":"):
+        return [_record(parse_sse_text(text, source), source, 1, request, events_as="sse-text")]
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise TranscriptError("invalid JSON (nested too deeply)", source=source) from None
+    except ValueError as whole:
+        lines = [l for l in text.splitlines() if l.strip()]
+        if len(lines) <= 1 or not _parses(lines[0]):
+            # not JSONL: report where the whole document breaks
+            raise TranscriptError(f"invalid JSON ({_why(whole)})", source=source) from None
+        out = []
+        for n, line in enumerate(lines, start=1):
+            try:
+                item = json.loads(line, parse_constant=_reject_constant)
+            except (ValueError, RecursionError) as e:
+                raise TranscriptError(f"line {n}: invalid JSON ({_why(e)})", source=source) from None
+            out.append(_record(item, source, n, request))
+        return out
+    return [_record(obj, source, 1, request)]
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line, parse_constant=_reject_constant)
+        return True
+    except (ValueError, RecursionError):
+        return False
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _why(e: ValueError) -> str:
+    return f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+
+
+def parse_sse_text(text: str, source: str) -> list[Any]:
+    """The `data:` payloads of SSE text, decoded; `[DONE]` kept as a string."""
+    events: list[Any] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            events.append("[DONE]")
+            continue
+        try:
+            events.append(json.loads(payload, parse_constant=_reject_constant))
+        except ValueError as e:
+            raise TranscriptError(f"SSE line {n}: invalid JSON in data: ({_why(e)})", source=source) from None
+    if not events:
+        raise TranscriptError("no SSE data: lines", source=source)
+    return events
+
+
+# --- record level --------------------------------------------------------------
+
+def _record(obj: Any, source: str, index: int, request: dict | None, events_as: str = "objects") -> Record:
+    def fail(msg: str) -> TranscriptError:
+        return TranscriptError(msg, source=source, record=index)
+
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        return _from_transcript(obj, source, index, fail)
+    if isinstance(obj, dict) and "request" in obj and "response" in obj:
+        req = obj["request"]
+        if not isinstance(req, dict):
+            raise fail("\"request\" must be a JSON object")
+        resp = obj["response"]
+        ev_as = "objects"
+        if isinstance(resp, str):
+            resp, ev_as = parse_sse_text(resp, source), "sse-text"
+        rec = _from_response(resp, req, obj.get("endpoint"), source, index, fail)
+        return replace(rec, container=obj, events_as=ev_as, prompt_ids=_ids(obj.get("prompt_tokens"), fail,
+                                                                             "prompt_tokens"))
+    if request is None:
+        if isinstance(obj, (dict, list)) and _looks_like_response(obj):
+            raise fail("a bare response: give the request that produced it with --request FILE")
+        raise fail("unknown shape: not a spec-replay transcript, a {\"request\", \"response\"} pair, "
+                   "or a chat/completions response")
+    rec = _from_response(obj, request, None, source, index, fail)
+    return replace(rec, container=obj, events_as=events_as)
+
+
+def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
+    if t.get("version") != VERSION:
+        raise fail(f"transcript version {t.get('version')!r} is not supported (this spec-replay reads {VERSION})")
+    req = t.get("request")
+    if not isinstance(req, dict):
+        raise fail("transcript has no \"request\" object")
+    if t.get("stream"):
+        evs = t.get("events")
+        if not isinstance(evs, list) or not all(isinstance(e, str) for e in evs):
+            raise fail("stream transcript has no \"events\" list of strings")
+        decoded: list[Any] = []
+        for k, e in enumerate(evs):
+            if e.strip() == "[DONE]":
+                decoded.append("[DONE]")
+                continue
+            try:
+                decoded.append(json.loads(e, parse_constant=_reject_constant))
+            except ValueError as err:
+                raise fail(f"event {k}: invalid JSON ({_why(err)})") from None
+        resp: Any = decoded
+    else:
+        resp = t.get("response")
+    rec = _from_response(resp, req, t.get("endpoint"), source, index, fail)
+    server = t.get("server") or {}
+    if not isinstance(server, dict):
+        raise fail("\"server\" must be an object")
+    props = server.get("props")
+    if props is not None and not (isinstance(props, dict) and isinstance(props.get("default_generation_settings", {}), dict)):
+        raise fail("\"server.props\" must be the server's /props object")
+    spec = server.get("speculative")
+    if spec is not None and not isinstance(spec, dict):
+        raise fail("\"server.speculative\" must be an object")
+    try:
+        check_recorded(spec, props)
+    except ValueError as e:
+        raise fail(str(e)) from e
+    return replace(rec, container=t, events_as="strings" if rec.stream else "objects",
+                   prompt_ids=_ids(t.get("prompt_tokens"), fail, "prompt_tokens"),
+                   build_info=server.get("build_info") if isinstance(server.get("build_info"), str) else None,
+                   speculative=spec, props=props)
+
+
+def _ids(v: Any, fail, name: str) -> list[int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(_is_id(x) for x in v):
+        raise fail(f"\"{name}\" must be a list of non-negative token ids")
+    return list(v)
+
+
+def _looks_like_response(obj: Any) -> bool:
+    if isinstance(obj, list):
+        return bool(obj) and all(isinstance(e, (dict, str)) for e in obj)
+    return any(k in obj for k in ("choices", "completion_probabilities", "content", "tokens_predicted"))
+
+
+def detect_endpoint(resp: Any, request: dict, hint: str | None) -> str | None:
+    if hint in (CHAT, CMPL, NATIVE):
+        return hint
+    first = resp if isinstance(resp, dict) else next((e for e in resp if isinstance(e, dict)), {}) if isinstance(resp, list) else {}
+    obj = first.get("object") if isinstance(first, dict) else None
+    if obj in ("chat.completion", "chat.completion.chunk"):
+        return CHAT
+    if obj == "text_completion":
+        return CMPL
+    if isinstance(first, dict) and any(k in first for k in ("completion_probabilities", "tokens_predicted", "content", "stop")):
+        return NATIVE
+    if "messages" in request:
+        return CHAT
+    return None
+
+
+def _from_response(resp: Any, request: dict, hint: str | None, source: str, index: int, fail) -> Record:
+    if resp is None:
+        raise fail("the response is missing (null)")
+    if not isinstance(resp, (dict, list)):
+        raise fail(f"the response must be a JSON object or a list of stream chunks, got {type(resp).__name__}")
+    endpoint = detect_endpoint(resp, request, hint)
+    if endpoint is None:
+        raise fail("unknown response shape: not from /v1/chat/completions, /v1/completions or /completion")
+    if isinstance(resp, dict) and "error" in resp and not resp.get("choices") and "content" not in resp:
+        raise fail(f"the server answered an error: {str(resp['error'])[:200]}")
+    if isinstance(resp, list):
+        for k, e in enumerate(resp):
+            if not (isinstance(e, dict) or e == "[DONE]"):
+                raise fail(f"stream chunk {k} is not a JSON object")
+            if isinstance(e, dict) and "error" in e:
+                raise fail(f"stream chunk {k} is an error: {str(e['error'])[:200]}")
+        rec = Record(source, index, endpoint, request, True, events=resp)
+        _check_stream_complete(rec, fail)
+    else:
+        rec = Record(source, index, endpoint, request, False, response=resp)
+        _check_body(rec, fail)
+    return rec
+
+
+def _check_counts(obj: dict, fail, where: str) -> None:
+    """usage / timings / token counts, where present, must be the server's types."""
+    for k in ("tokens_evaluated", "tokens_predicted"):
+        if obj.get(k) is not None and not _is_id(obj[k]):
+            raise fail(f"{where}: \"{k}\" must be a non-negative integer")
+    for k in ("usage", "timings"):
+        v = obj.get(k)
+        if v is None:
+            continue
+        if not isinstance(v, dict):
+            raise fail(f"{where}: \"{k}\" must be an object")
+        for f in ("prompt_tokens", "completion_tokens", "prompt_n", "predicted_n", "cache_n", "draft_n",
+                  "draft_n_accepted"):
+            if v.get(f) is not None and not _is_id(v[f]):
+                raise fail(f"{where}: \"{k}.{f}\" must be a non-negative integer")
+
+
+def _check_body(rec: Record, fail) -> None:
+    r = rec.response
+    assert r is not None
+    _check_counts(r, fail, "the response")
+    if rec.endpoint == NATIVE and r.get("tokens") is not None and not (
+            isinstance(r["tokens"], list) and all(_is_id(t) for t in r["tokens"])):
+        raise fail("\"tokens\" must be a list of token ids")
+    if rec.endpoint == NATIVE:
+        if not isinstance(r.get("content", ""), str):
+            raise fail("\"content\" must be a string")
+        entries = r.get("completion_probabilities")
+    else:
+        ch = r.get("choices")
+        if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+            raise fail("the response has no choices")
+        if len(ch) > 1:
+            raise fail(f"{len(ch)} choices in one response: record them as separate requests (n=1)")
+        lp = ch[0].get("logprobs")
+        if lp is not None and not isinstance(lp, dict):
+            raise fail("choices[0].logprobs must be an object (the server's chat-style logprobs)")
+        entries = (lp or {}).get("content")
+    if entries is not None:
+        if not isinstance(entries, list):
+            raise fail("the probability list must be a list")
+        for k, e in enumerate(entries):
+            _check_entry(e, fail, f"token {k}")
+
+
+def _check_stream_complete(rec: Record, fail) -> None:
+    chunks = rec.chunks()
+    if not chunks:
+        raise fail("the stream has no chunks")
+    for k, c in enumerate(chunks):
+        if rec.endpoint != NATIVE and "choices" in c and not (
+                isinstance(c["choices"], list) and all(isinstance(x, dict) for x in c["choices"])):
+            raise fail(f"stream chunk {k}: \"choices\" must be a list of objects")
+        if rec.endpoint == CHAT:
+            for x in c.get("choices") or []:
+                if x.get("delta") is not None and not isinstance(x["delta"], dict):
+                    raise fail(f"stream chunk {k}: \"delta\" must be an object")
+        if rec.endpoint == NATIVE and c.get("tokens") is not None and not (
+                isinstance(c["tokens"], list) and all(_is_id(t) for t in c["tokens"])):
+            raise fail(f"stream chunk {k}: \"tokens\" must be a list of token ids")
+        _check_counts(c, fail, f"stream chunk {k}")
+        for e in _chunk_entries(rec.endpoint, c):
+            _check_entry(e, fail, f"chunk {k}")
+    last = chunks[-1]
+    if rec.endpoint == NATIVE:
+        ended = last.get("stop") is True
+    else:
+        choices = last.get("choices") or []
+        ended = any(isinstance(c, dict) and c.get("finish_reason") for c in choices) or \
+            any(isinstance(c, dict) and any(isinstance(x, dict) and x.get("finish_reason") for x in c.get("choices") or []) for c in chunks[-2:])
+    if not ended:
+        raise fail("the stream is truncated: its last chunk does not finish the response")
+
+
+def entries_of(endpoint: str, obj: dict) -> list | None:
+    """The probability entry list of a body or chunk (the very list object), or None if it has none.
+
+        /completion            obj["completion_probabilities"]
+        /v1/*                  obj["choices"][0]["logprobs"]["content"]
+    """
+    if endpoint == NATIVE:
+        v = obj.get("completion_probabilities")
+        return v if isinstance(v, list) else None
+    ch = obj.get("choices")
+    if not isinstance(ch, list) or not ch or not isinstance(ch[0], dict):
+        return None
+    lp = ch[0].get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    v = lp.get("content")
+    return v if isinstance(v, list) else None
+
+
+def _chunk_entries(endpoint: str, c: dict) -> list:
+    return entries_of(endpoint, c) or []
+
+
+def _is_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+
+
+def _is_number(v: Any) -> bool:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _check_entry(e: Any, fail, where: str, top_level: bool = True) -> None:
+    if not isinstance(e, dict):
+        raise fail(f"{where}: a probability entry must be an object")
+    tid = e.get("id")
+    if tid is not None and not _is_id(tid):
+        raise fail(f"{where}: token id {tid!r} is not a non-negative integer")
+    b = e.get("bytes")
+    if b is not None and not (isinstance(b, list) and all(_is_id(x) and x < 256 for x in b)):
+        raise fail(f"{where}: \"bytes\" must be a list of byte values")
+    if e.get("token") is not None and not isinstance(e.get("token"), str):
+        raise fail(f"{where}: \"token\" must be a string")
+    for key in ("logprob", "prob"):
+        if key in e:
+            v = e[key]
+            if v is None and key == "logprob":
+                continue  # SDK dumps can carry nulls
+            if not _is_number(v):
+                raise fail(f"{where}: {key} {v!r} is not a finite number")
+    if "logprob" not in e and "prob" not in e:
+        raise fail(f"{where}: a probability entry has neither logprob nor prob")
+    if top_level:
+        for key in ("top_logprobs", "top_probs"):
+            top = e.get(key)
+            if top is None:
+                continue
+            if not isinstance(top, list):
+                raise fail(f"{where}: \"{key}\" must be a list")
+            for k, t in enumerate(top):
+                _check_entry(t, fail, f"{where}, {key}[{k}]", top_level=False)

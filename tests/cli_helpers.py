@@ -1,0 +1,28 @@
+"""Running the command line in tests (click's CliRunner) and reading its errors.
+
+CliRunner never prints a traceback: an exception that escapes a command is kept in
+`result.exception`. A clean user-facing failure is a SystemExit with a non-zero code after
+exactly one `Error: ...` line; anything else is a crash."""
+from __future__ import annotations
+
+from click.testing import CliRunner, Result
+
+from replay.cli import main
+
+
+def run(*args, input: str | None = None) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def clean_exit(result: Result) -> bool:
+    """The command ended through sys.exit / click's own exits, not an escaping exception."""
+    return result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def one_error(result: Result) -> str:
+    """The single `Error:` line of a failed command; fails on a crash or a zero exit."""
+    assert clean_exit(result), f"crashed with {result.exception!r}\n{result.output}"
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]

@@ -1,0 +1,141 @@
+"""The committed transcripts (fixtures/transcripts/, recorded from a speculating b11434 server on the
+tiny fixtures by fixtures/record_transcripts.py): every endpoint, stream and not, pre- and
+post-sampling. No server, build or download is needed here.
+
+* recover repairs each to exactly the bytes of its `repaired/` twin (the output of the code before
+  the architecture pass: behaviour is kept byte for byte), and never touches the input;
+* trace reproduces each token for token, with the server's draft totals;
+* the errors a user can meet on them are one line (another model, a diverging transcript).
+
+That the repaired values are the unspeculated server's is proven live in test_recover_live.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from cli_helpers import clean_exit, one_error, run
+
+from replay.llamacpp.models import tiny_draft, tiny_target
+from replay.paths import FIXTURES
+
+TRANSCRIPTS = sorted(p.name for p in (FIXTURES / "transcripts").glob("*.json"))
+
+
+def test_there_is_a_transcript_for_every_endpoint_stream_and_not():
+    kinds = set()
+    for name in TRANSCRIPTS:
+        t = json.loads((FIXTURES / "transcripts" / name).read_text())
+        kinds.add((t["endpoint"], t["stream"]))
+    assert kinds == {(e, s) for e in ("/completion", "/v1/completions", "/v1/chat/completions") for s in (False, True)}
+
+
+@pytest.mark.parametrize("name", TRANSCRIPTS)
+def test_recover_repairs_each_to_its_committed_twin(tmp_path, name):
+    src = FIXTURES / "transcripts" / name
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    out = tmp_path / name
+    r = run("recover", src, "-m", tiny_target(), "-o", out, "--report", tmp_path / "report.json")
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes() == (FIXTURES / "transcripts" / "repaired" / name).read_bytes()
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
+    report = json.loads((tmp_path / "report.json").read_text())["records"][0]
+    assert report["tokens"][0]["status"] == "ok"  # sampled outside the loop: real, and it agrees
+    assert {t["status"] for t in report["tokens"]} <= {"ok", "placeholder", "missing"}
+    counts = report["summary"]["counts"]
+    assert counts["placeholder"] + counts["missing"] >= len(report["tokens"]) - 2  # all but tokens outside the loop
+
+
+# Streams of the OpenAI endpoints carry text without token ids for speculative tokens; trace
+# compares ids, so it gives those no verdict yet (a text comparison is issue 13's).
+WITH_IDS = [n for n in TRANSCRIPTS if n not in ("tiny-v1-completions-stream.json", "tiny-v1-chat-stream.json",
+                                                 "tiny-v1-chat-stream-post.json")]
+
+
+@pytest.mark.parametrize("name", WITH_IDS)
+def test_trace_reproduces_each(name):
+    r = run("trace", FIXTURES / "transcripts" / name, "-m", tiny_target(), "-md", tiny_draft(), "--json")
+    assert r.exit_code == 0, r.output[-2000:]
+    res = json.loads(r.output)
+    assert res["reproduced"] is True and res["first_divergence"] is None
+    assert res["draft_n"] == res["server_draft_n"] > 0
+
+
+def test_the_python_api_returns_what_the_command_writes():
+    import replay
+    src = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+    res = replay.recover(src, model=tiny_target())
+    assert res.ok and res.failure() is None
+    assert res.repaired == (FIXTURES / "transcripts" / "repaired" / "tiny-draft-simple.json").read_text()
+    assert res.summary()["counts"]["placeholder"] == len(res.records[0].tokens) - 1
+
+
+def test_first_divergence_shows_both_sides(tmp_path):
+    """A transcript whose first token is not what the seed gives: the divergence is flagged at 0,
+    with the trace's candidates and the server's own top list, and the exit code is 1."""
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    first = t["response"]["completion_probabilities"][0]
+    other = next(x["id"] for x in first["top_logprobs"] if x["id"] != first["id"])
+    t["response"]["tokens"][0] = other
+    first["id"] = other
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    args = ["trace", p, "-m", tiny_target(), "-md", tiny_draft()]
+    r = run(*args)
+    assert r.exit_code == 1 and clean_exit(r)
+    assert "first divergence at token 0" in r.output
+    assert "trace candidates" in r.output and "server candidates (logprob)" in r.output
+    res = json.loads(run(*args, "--json").output)
+    assert res["reproduced"] is False and res["first_divergence"] == 0
+    assert len(res["server_candidates_at_divergence"]) == 3
+
+
+def test_steps_range_limits_the_table():
+    p = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+    r = run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--steps", "1:3")
+    assert r.exit_code == 0, r.output
+    table = r.output.split("\n\n")[0].splitlines()[2:]
+    assert [int(line.split()[0]) for line in table] == [1, 2]
+    assert "reproduced: all 20 tokens" in r.output
+
+
+def test_trace_takes_the_flags_from_the_transcript_unless_given():
+    p = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+    r = run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--spec-draft-n-max", "1", "--json")
+    res = json.loads(r.output)
+    assert max(len(s["draft"]) for s in res["steps"]) == 1  # the flag won over the server's default of 3
+    assert res["reproduced"] is False  # so this is not what the server did
+
+
+def test_trace_of_a_transcript_from_another_model(tmp_path):
+    """A token id outside the model's vocabulary: a one-line error, not libllama's abort."""
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    t["response"]["tokens"][1] = 9690  # a SmolLM2 id
+    t["response"]["completion_probabilities"][1]["id"] = 9690
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    msg = one_error(run("trace", p, "-m", tiny_target(), "-md", tiny_draft()))
+    assert "another model" in msg and f"{p}, record 1" in msg
+
+
+@pytest.mark.parametrize("types,extra,expected", [
+    (["draft-eagle3"], [], "draft-eagle3 cannot be replayed"),
+    (["draft-simple"], [], "needs the draft model"),
+    ([], [], "no speculative type"),
+])
+def test_unreplayable_transcripts_say_what_is_missing(tmp_path, types, extra, expected):
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    t["server"]["speculative"]["types"] = types
+    t["server"]["speculative"]["draft_model"] = None
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    assert expected in one_error(run("trace", p, "-m", tiny_target(), *extra))
+
+
+def test_a_request_without_a_fixed_seed_cannot_be_traced(tmp_path):
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    t["request"]["seed"] = -1
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    assert "no fixed seed" in one_error(run("trace", p, "-m", tiny_target(), "-md", tiny_draft()))

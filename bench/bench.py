@@ -35,7 +35,12 @@ from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
 from replay.llamacpp.http import post_json  # noqa: E402
 from replay.llamacpp.process import LlamaServer, ServerConfig  # noqa: E402
 from replay.llamacpp.record import RequestItem, record_one  # noqa: E402
-from replay.recovery.recover import ContextOptions, Recoverer, recover_records  # noqa: E402
+from replay.recovery.recover import (  # noqa: E402
+    Recoverer,
+    RecoverOptions,
+    recover_records,
+    result_of,
+)
 from replay.runtime.llama import Context, Model, set_verbose  # noqa: E402
 from replay.trace.run import trace_record  # noqa: E402
 from replay.transcripts.format import dumps  # noqa: E402
@@ -89,8 +94,9 @@ def shared_prefix(spec_info: dict, spec: LlamaServer, smol: Path, model: Model,
     def run(path: Path, reuse: bool):
         original = read_source(path)
         records = read_text(original, str(path))
-        return timed(lambda: recover_records(records, original, model,
-                                             context=ContextOptions(reuse_prefix=reuse)))
+        return timed(lambda: result_of(records, recover_records(records, model,
+                                                                options=RecoverOptions(reuse_prefix=reuse)),
+                                       original))
 
     fresh = jsonl(False)
     res_on, t_on = run(fresh, True)  # a 2.7x difference: one run each is enough
@@ -155,12 +161,12 @@ def main() -> None:
             t_raw.append(raw_decode(model, prompt_ids, gen, 8192))
             t_plain.append(timed(lambda: post_json(plain.url, "/completion", {**body(200), "cache_prompt": False}))[1])
             trace_res, t = timed(lambda: trace_record(read_text(dumps(t200), "tr.json")[0], model,
-                                                      server_state={}, draft_models={}))
+                                                      server_state={}))
             assert trace_res.reproduced, "trace did not reproduce the server"
             t_trace.append(t)
             t_spec.append(timed(lambda: post_json(spec.url, "/completion", {**body(200), "cache_prompt": False}))[1])
         r.close()
-        n = len(rep.tokens)
+        n = len(rep.report.tokens)
         t_rec, t_raw, t_plain, t_trace, t_spec = map(min, (t_rec, t_raw, t_plain, t_trace, t_spec))
         rows += [
             ["recover throughput / raw libllama decode (same schedule)", f"{(n / t_rec) / (n / t_raw):.2f}x",

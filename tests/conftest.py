@@ -74,19 +74,29 @@ def smollm2_draft(b11434, smollm2) -> Path:
     return models.smollm2_draft(b11434.quantize)
 
 
+class _Servers:
+    """Starts servers on demand (b11434 unless another binary is given) and stops them all."""
+
+    def __init__(self, binaries):
+        self.binaries, self.started = binaries, []
+
+    def __call__(self, config: ServerConfig, binary: Path | None = None) -> LlamaServer:
+        srv = LlamaServer(config, binary=binary or self.binaries.server)
+        self.started.append(srv)
+        srv.start()
+        return srv
+
+    def stop(self) -> None:
+        for srv in self.started:
+            srv.stop()
+
+
 @pytest.fixture
 def start_server(b11434):
     """start_server(config) -> a fresh running LlamaServer (b11434), stopped when the test ends."""
-    started: list[LlamaServer] = []
-
-    def start(config: ServerConfig, binary: Path | None = None) -> LlamaServer:
-        srv = LlamaServer(config, binary=binary or b11434.server)
-        started.append(srv)
-        srv.start()
-        return srv
-    yield start
-    for srv in started:
-        srv.stop()
+    servers = _Servers(b11434)
+    yield servers
+    servers.stop()
 
 
 @pytest.fixture
@@ -111,16 +121,9 @@ def ngram_mod_server(start_server, smollm2):
 def module_server(b11434):
     """module_server(config) -> a running LlamaServer for one module's module-scoped fixtures
     (which record from it once); stopped when the module ends."""
-    started: list[LlamaServer] = []
-
-    def start(config: ServerConfig, binary: Path | None = None) -> LlamaServer:
-        srv = LlamaServer(config, binary=binary or b11434.server)
-        started.append(srv)
-        srv.start()
-        return srv
-    yield start
-    for srv in started:
-        srv.stop()
+    servers = _Servers(b11434)
+    yield servers
+    servers.stop()
 
 
 @pytest.fixture(scope="session")

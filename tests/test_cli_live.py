@@ -71,7 +71,7 @@ def test_record_writes_a_transcript(self_draft_server, tmp_path):
     req.write_text(json.dumps(CHAT))
     out = tmp_path / "t.json"
     r = run("record", self_draft_server.url, "-r", req, "-o", out, "--spec-type", "draft-simple",
-            "--draft-model", "draft.gguf")
+            "-md", "draft.gguf")
     assert r.exit_code == 0, r.output
     t = json.loads(out.read_text())
     assert t["format"] == "spec-replay-transcript" and t["version"] == 1

@@ -7,13 +7,15 @@ import pytest
 from cli_helpers import one_error, run
 
 from replay.llamacpp.models import tiny_target
+from replay.llamacpp.process import ServerConfig
 from replay.llamacpp.record import RequestItem, record_one
 from replay.transcripts.format import dumps
 
 
 @pytest.fixture(scope="module")
-def smol_transcripts(plain_server, tmp_path_factory):
+def smol_transcripts(module_server, smollm2, tmp_path_factory):
     """A real non-stream and stream transcript of SmolLM2."""
+    plain_server = module_server(ServerConfig(smollm2))
     d = tmp_path_factory.mktemp("smol")
     out = {}
     for stream in (False, True):

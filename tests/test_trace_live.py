@@ -41,13 +41,13 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_trace_reproduces_the_server(name, server_factory, smollm2, smollm2_draft, tmp_path):
+def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft, tmp_path):
     model_key, draft_key, types, sampling, temp, prompt, n_predict = CONFIGS[name]
     paths = {"smol": smollm2, "q2k": smollm2_draft, "tiny": tiny_target(), "tiny-draft": tiny_draft(), None: None}
     model, draft = paths[model_key], paths[draft_key]
     cfg = ServerConfig(model, draft_model=draft, spec_types=types, draft_sampling=sampling,
                        n_ctx=2048 if model_key == "smol" else 256)
-    srv = server_factory(cfg)
+    srv = start_server(cfg)
     drafted = accepted = 0
     for seed in SEEDS:
         body = {"prompt": prompt, "n_predict": n_predict, "n_probs": 1, "temperature": temp, "seed": seed}
@@ -79,8 +79,8 @@ def test_trace_reproduces_the_server(name, server_factory, smollm2, smollm2_draf
         assert accepted < drafted, "no rejection ever happened"
 
 
-def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, smollm2_draft, server_factory, tmp_path):
-    srv = server_factory(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",),
+def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, smollm2_draft, start_server, tmp_path):
+    srv = start_server(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",),
                                       draft_sampling="probabilistic"))
     t = record_one(srv.url, RequestItem("/completion", {"prompt": "Once upon a time", "n_predict": 16,
                                                         "temperature": 1, "seed": 3}), srv.config.speculative())

@@ -42,8 +42,8 @@ def _open(base: str, path: str, body: Any | None, timeout: float):
     except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, (socket.timeout, TimeoutError)):
-            raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from None
-        raise ServerError(f"cannot reach {url}: {reason}", url=url) from None
+            raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from e
+        raise ServerError(f"cannot reach {url}: {reason}", url=url) from e
 
 
 def get_json(base: str, path: str, timeout: float = 30.0) -> Any:
@@ -72,7 +72,7 @@ def post_sse(base: str, path: str, body: Any, timeout: float = DEFAULT_TIMEOUT) 
                 if line.startswith("data:"):
                     yield line[5:].lstrip(" ")
         except (socket.timeout, http.client.HTTPException, OSError) as e:
-            raise ServerError(f"stream from {url} broke off: {e}", url=url) from None
+            raise ServerError(f"stream from {url} broke off: {e}", url=url) from e
 
 
 def _decode(base: str, path: str, raw: bytes) -> Any:

@@ -109,7 +109,7 @@ def server_snapshot(url: str) -> dict:
     except ServerError as e:
         if e.status is not None:
             raise ServerError(f"{url} is not a llama.cpp server (GET /props answered HTTP {e.status})",
-                              url=url, status=e.status) from None
+                              url=url, status=e.status) from e
         raise
     if not isinstance(props, dict) or "build_info" not in props:
         raise ServerError(f"{url} is not a llama.cpp server (/props has no build_info)", url=url)

@@ -55,4 +55,4 @@ def render_chat(rec: Record, model: Model) -> str:
         return fmt(messages=rec.request["messages"], tools=rec.request.get("tools")).prompt
     except Exception as e:  # jinja2 raises many types for bad templates/messages
         raise TranscriptError(f"could not render the chat template: {e}", source=rec.source,
-                              record=rec.index) from None
+                              record=rec.index) from e

@@ -122,9 +122,9 @@ def check_gguf(path: Path | str) -> Path:
                 raise ModelError(f"{p} is not a GGUF file (magic {bytes(mm[:4])!r})")
             need = data_end(mm)
     except _Corrupt as e:
-        raise ModelError(f"{p} is truncated or corrupt: {e}") from None
+        raise ModelError(f"{p} is truncated or corrupt: {e}") from e
     except OSError as e:
-        raise ModelError(f"cannot read {p}: {e.strerror or e}") from None
+        raise ModelError(f"cannot read {p}: {e.strerror or e}") from e
     if need > size:
         raise ModelError(f"{p} is truncated: its tensors need {need} bytes, the file has {size}")
     return p

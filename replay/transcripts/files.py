@@ -32,8 +32,8 @@ def write_atomic(path: Path | str, data: str | bytes, *, force: bool = False) ->
         return _write(path, directory, data, force)
     except OSError as e:
         if isinstance(e, FileExistsError) and path.exists():
-            raise OutputExistsError(f"{path} exists; use --force to overwrite it") from None
-        raise SpecReplayError(f"cannot write {path}: {e.strerror or e}") from None
+            raise OutputExistsError(f"{path} exists; use --force to overwrite it") from e
+        raise SpecReplayError(f"cannot write {path}: {e.strerror or e}") from e
 
 
 def _write(path: Path, directory: Path, data: str | bytes, force: bool) -> Path:

@@ -105,13 +105,13 @@ def read_text(text: str, source: str, request: dict | None = None) -> list[Recor
         lines = [l for l in text.splitlines() if l.strip()]
         if len(lines) <= 1 or not _parses(lines[0]):
             # not JSONL: report where the whole document breaks
-            raise TranscriptError(f"invalid JSON ({_why(whole)})", source=source) from None
+            raise TranscriptError(f"invalid JSON ({_why(whole)})", source=source) from whole
         out = []
         for n, line in enumerate(lines, start=1):
             try:
                 item = json.loads(line, parse_constant=_reject_constant)
             except (ValueError, RecursionError) as e:
-                raise TranscriptError(f"line {n}: invalid JSON ({_why(e)})", source=source) from None
+                raise TranscriptError(f"line {n}: invalid JSON ({_why(e)})", source=source) from e
             out.append(_record(item, source, n, request))
         return out
     return [_record(obj, source, 1, request)]
@@ -146,7 +146,7 @@ def parse_sse_text(text: str, source: str) -> list[Any]:
         try:
             events.append(json.loads(payload, parse_constant=_reject_constant))
         except ValueError as e:
-            raise TranscriptError(f"SSE line {n}: invalid JSON in data: ({_why(e)})", source=source) from None
+            raise TranscriptError(f"SSE line {n}: invalid JSON in data: ({_why(e)})", source=source) from e
     if not events:
         raise TranscriptError("no SSE data: lines", source=source)
     return events
@@ -198,7 +198,7 @@ def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
             try:
                 decoded.append(json.loads(e, parse_constant=_reject_constant))
             except ValueError as err:
-                raise fail(f"event {k}: invalid JSON ({_why(err)})") from None
+                raise fail(f"event {k}: invalid JSON ({_why(err)})") from err
         resp: Any = decoded
     else:
         resp = t.get("response")

@@ -122,7 +122,6 @@ def test_trace_of_a_transcript_from_another_model(tmp_path):
 @pytest.mark.parametrize("types,extra,expected", [
     (["draft-eagle3"], [], "draft-eagle3 cannot be replayed"),
     (["draft-simple"], [], "needs the draft model"),
-    ([], [], "no speculative type"),
 ])
 def test_unreplayable_transcripts_say_what_is_missing(tmp_path, types, extra, expected):
     t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
@@ -139,3 +138,15 @@ def test_a_request_without_a_fixed_seed_cannot_be_traced(tmp_path):
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
     assert "no fixed seed" in one_error(run("trace", p, "-m", tiny_target(), "-md", tiny_draft()))
+
+
+def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_and_says_so(tmp_path):
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    t["server"]["speculative"]["types"] = []
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    r = run("trace", p, "-m", tiny_target(), "--json")
+    res = json.loads(r.output)
+    assert r.exit_code == 1 and res["first_divergence"] is None  # sample-and-match emits the plain tokens
+    assert res["draft_n"] == 0 and res["server_draft_n"] == 36
+    assert any("pass its --spec-type" in n for n in res["notes"])

@@ -30,7 +30,7 @@ COMPLETION = {
 
 
 def _record(server, endpoint, body):
-    return record_one(server.url, RequestItem(endpoint, body), server.config.speculative())
+    return record_one(server.url, RequestItem(endpoint, body), server.config.flags_block())
 
 
 def _generated_ids(t):

@@ -58,8 +58,8 @@ def _probs(t: dict):
 def test_recovered_values_equal_the_unspeculated_server(self_draft_server, plain_server, smollm2, tmp_path,
                                                         endpoint, stream, temp, n_top, post):
     body = _body(endpoint, temp, n_top, post, stream)
-    spec = record_one(self_draft_server.url, RequestItem(endpoint, body), self_draft_server.config.speculative())
-    plain = record_one(plain_server.url, RequestItem(endpoint, body), plain_server.config.speculative())
+    spec = record_one(self_draft_server.url, RequestItem(endpoint, body), self_draft_server.config.flags_block())
+    plain = record_one(plain_server.url, RequestItem(endpoint, body), plain_server.config.flags_block())
     path = tmp_path / "spec.json"
     path.write_text(dumps(spec))
 
@@ -96,8 +96,8 @@ REPEAT = ("The lighthouse keeper climbed the stairs every night at nine, lit the
 
 def test_ngram_mod_transcript_recovers(ngram_mod_server, plain_server, smollm2, tmp_path):
     body = {"prompt": REPEAT * 4, "n_predict": 96, "n_probs": 3, "temperature": 0, "seed": 1}
-    spec = record_one(ngram_mod_server.url, RequestItem("/completion", body), ngram_mod_server.config.speculative())
-    plain = record_one(plain_server.url, RequestItem("/completion", body), plain_server.config.speculative())
+    spec = record_one(ngram_mod_server.url, RequestItem("/completion", body), ngram_mod_server.config.flags_block())
+    plain = record_one(plain_server.url, RequestItem("/completion", body), plain_server.config.flags_block())
     assert spec["response"]["timings"]["draft_n_accepted"] > 0, "ngram-mod never drafted: the test proves nothing"
     path = tmp_path / "ngram.json"
     path.write_text(dumps(spec))
@@ -115,7 +115,7 @@ def test_ngram_mod_transcript_recovers(ngram_mod_server, plain_server, smollm2, 
 
 def test_real_values_come_out_ok_and_unchanged(plain_server, smollm2, tmp_path):
     body = _body("/v1/chat/completions", 1.0, 3, False, False)
-    plain = record_one(plain_server.url, RequestItem("/v1/chat/completions", body), plain_server.config.speculative())
+    plain = record_one(plain_server.url, RequestItem("/v1/chat/completions", body), plain_server.config.flags_block())
     path = tmp_path / "plain.json"
     path.write_text(dumps(plain))
     res = recover(path, smollm2)
@@ -132,7 +132,7 @@ def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
         for n in (200, 2000):
             body = {"prompt": "Once upon a time", "n_predict": n, "n_probs": 1, "temperature": 1, "seed": 5,
                     "ignore_eos": True}
-            t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
+            t = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
             assert len(t["response"]["completion_probabilities"]) == n
             paths[n] = tmp_path / f"t{n}.json"
             paths[n].write_text(dumps(t))

@@ -32,7 +32,7 @@ def _recover_options(fn):
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
-        server_flags("context"),
+        server_flags("context", "sampling"),
     ]
     for o in reversed(opts):
         fn = o(fn)

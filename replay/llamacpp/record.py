@@ -120,9 +120,9 @@ def server_snapshot(url: str) -> dict:
     return {"url": url, "build_info": props.get("build_info"), "props": props, "slots": slots}
 
 
-def record_one(url: str, item: RequestItem, speculative: dict, *, snapshot: dict | None = None) -> dict:
-    """Send one request and return its transcript. `speculative` is the transcript's
-    `server.speculative` block: the flags the server was started with (settings.transcript_block)."""
+def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | None = None) -> dict:
+    """Send one request and return its transcript. `flags` is the transcript's `server.flags`: the
+    flags the server was started with, by llama-server's spelling (settings.flags_block)."""
     body = dict(item.body)
     added = []
     # trace replays the loop from a fresh prompt evaluation, so a request that reused the slot's
@@ -142,7 +142,7 @@ def record_one(url: str, item: RequestItem, speculative: dict, *, snapshot: dict
         "endpoint": item.endpoint, "request": body, "added_fields": added, "stream": stream,
         "response": None, "events": None,
         "prompt_tokens": prompt_ids, "prompt_tokens_checked_against": None,
-        "server": {**snap, "speculative": speculative},
+        "server": {**snap, "flags": flags},
     }
     if stream:
         t["events"] = list(post_sse(url, item.endpoint, body))

@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import ModelError, TranscriptError
 from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
-from ..runtime.sampler import SamplerChain, SamplingParams, post_sampling
+from ..runtime.sampler import SamplerChain, post_sampling
+from ..settings.sampling import Effective
 from ..transcripts.plan import Gap, Known, PlanItem
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
@@ -199,7 +200,7 @@ def _check_room(ctx: Context, n: int) -> None:
                          "pass a larger --ctx-size")
 
 
-def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
+def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
            n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
            keep: int = 0, rebuild: bool = False) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
@@ -207,7 +208,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
     `post` also runs the target sampler chain (prompt fed to its history, each
     emitted token accepted after its position) for post-sampling values.
     """
-    chain = SamplerChain(model, params) if post else None
+    chain = SamplerChain(model, settings.params, settings.grammar) if post else None
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
@@ -219,7 +220,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
             logprob, top = pre_sampling(logits, tok, n_top)
             t = Truth(index=index, id=tok, item=item, logprob=logprob, top=top)
             if chain is not None:
-                cands, _sel = chain.apply(logits)
+                cands, _sel = chain.sample(logits)  # with a grammar, masked only when it resampled
                 t.post_prob, t.post_top = post_sampling(cands, tok, n_top)
                 chain.accept(tok)
             yield t

@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 from ..errors import ModelError, SpecReplayError
 from ..runtime.llama import Context, Model
-from ..runtime.sampler import SamplingParams, requested_n_probs
 from ..settings import ContextConfig, resolve
 from ..transcripts.entries import drafted, n_generated, n_prompt_cached
 from ..transcripts.plan import Gap, Plan, build_plan, entry_at
 from ..transcripts.readers import Record, read_source, read_text
+from ..transcripts.request import request_settings
 from .compare import DEFAULT_TOLERANCE, compare
 from .evaluate import PieceIndex, Truth, Unaligned, truths
 from .prefix import plan_prefix
@@ -132,15 +132,15 @@ class Recoverer:
 
     def _recover(self, rec: Record) -> Recovered:
         post = bool(rec.request.get("post_sampling_probs"))
-        n_probs = requested_n_probs(rec.endpoint, rec.request)
+        settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta)
+        n_probs = settings.params.n_probs
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
-        params = SamplingParams.from_request(rec.endpoint, rec.request)
         plan = build_plan(rec, self.piece)
         self.check_vocab(rec, plan)
         prompt = prompt_ids(rec, self.model)
         for t in prompt:
             self.piece(t)  # vocabulary range check
-        cfg = resolve("context", flags=self.flags, transcript=rec.speculative, props=rec.props)
+        cfg = resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props)
         ctx = self.context(cfg)
         final = rec.final()
         prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final), ctx.n_batch,
@@ -152,7 +152,7 @@ class Recoverer:
         evaluated: list[Truth] = []
         unaligned: Unaligned | None = None
         try:
-            for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post, chunk=self.options.chunk,
+            for truth in truths(self.model, ctx, prompt, plan, settings, n_probs, post=post, chunk=self.options.chunk,
                                 keep=prefix.keep, rebuild=prefix.rebuild,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 evaluated.append(truth)
@@ -161,7 +161,7 @@ class Recoverer:
             # the tokens of a gap that owns an entry are compared once the gap is complete: it is not
             while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.slot.entry is not None:
                 evaluated.pop()
-        speculative = bool(drafted(final)) or bool((rec.speculative or {}).get("types"))
+        speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
         rep.tokens = [o.report for o in outcomes]
         if unaligned is not None:

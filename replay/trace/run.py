@@ -14,16 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import ModelError, SpecReplayError
-from ..loop.loop import Emitted, Limits, SpeculativeLoop, Step
+from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.profiles import DEFAULT_PROFILE, profile_of
 from ..recovery.prompt import prompt_ids
 from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
-from ..runtime.sampler import SamplingParams, requested_n_probs
 from ..settings import ContextConfig, SpecConfig, resolve
+from ..settings.sampling import Effective, effective, server_sampling
 from ..transcripts.entries import n_prompt_cached, sent_entries
 from ..transcripts.plan import Gap, build_plan
 from ..transcripts.readers import Record
+from ..transcripts.request import request_settings
 
 DEFAULT_N_CTX = 2048
 
@@ -44,6 +45,7 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     profile: str = DEFAULT_PROFILE
     spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
+    settings: Effective | None = None  # the sampling settings, and where each came from
 
     @property
     def reproduced(self) -> bool | None:
@@ -78,13 +80,13 @@ def first_divergence(ids: Sequence[int], recorded: Sequence[int]) -> int | None:
     return None
 
 
-def run_loop(target: Model, prompt: Sequence[int], params: SamplingParams, spec: SpecConfig, ctx: ContextConfig, *,
-             profile: str, limits: Limits, draft: Model | None, n_probs: int, recorded: list[int] | None = None,
+def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
+             profile: str, draft: Model | None, n_probs: int, recorded: list[int] | None = None,
              timings: dict | None = None, server_state: dict | None = None, stream: bool = False) -> TraceResult:
     """Run the loop for one request. `recorded` (the server's ids) is compared token by token; from a
     stream it may lack a final end-of-generation token (a stream sends no chunk for it)."""
-    loop = SpeculativeLoop(target, prompt, params, spec, profile=profile, limits=limits, draft=draft,
-                           n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
+    loop = SpeculativeLoop(target, prompt, settings, spec, profile=profile, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
+                           draft=draft, n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, server_state=server_state)
     try:
         steps = list(loop.steps())
@@ -99,7 +101,8 @@ def run_loop(target: Model, prompt: Sequence[int], params: SamplingParams, spec:
     t = timings or {}
     return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded, div,
                        loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
-                       post=bool(params.post_sampling_probs), profile=profile, spec=spec)
+                       post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), profile=profile,
+                       spec=spec, settings=settings)
 
 
 # --- what a transcript recorded --------------------------------------------------------
@@ -121,20 +124,6 @@ def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | No
     if index < len(probs) and probs[index].top:
         return [(i, lp) for i, _, lp in probs[index].top]
     return None
-
-
-def n_predict_of(body: dict, default: int = -1) -> int:
-    for k in ("n_predict", "max_tokens", "max_completion_tokens"):
-        if body.get(k) is not None:
-            return int(body[k])
-    return default
-
-
-def stop_strings(body: dict) -> tuple[str, ...]:
-    s = body.get("stop")
-    if isinstance(s, str):
-        return (s,)
-    return tuple(x for x in s if isinstance(x, str)) if isinstance(s, list) else ()
 
 
 class Drafts:
@@ -170,19 +159,20 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     profile = profile or profile_of(rec.build_info or final.get("system_fingerprint")) or DEFAULT_PROFILE
     prompt = prompt_ids(rec, target)
     _check_ids(prompt, target)
-    spec = resolve("speculative", flags=flags, transcript=rec.speculative, props=rec.props, profile=profile)
-    ctx = resolve("context", flags=flags, transcript=rec.speculative, props=rec.props, profile=profile)
+    spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
+    ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
     draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
-    params = SamplingParams.from_request(rec.endpoint, rec.request)
+    settings = request_settings(rec, flags=flags, model_meta=target.meta)
     recorded, _ = recorded_ids(rec, target)
     timings = final.get("timings")
-    if timings is not None:
+    if isinstance(timings, dict):
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-    limits = Limits(n_ctx=ctx.n_ctx or DEFAULT_N_CTX, n_predict=n_predict_of(rec.request),
-                    stop=stop_strings(rec.request))
-    res = run_loop(target, prompt, params, spec, ctx, profile=profile, limits=limits, draft=draft,
-                   n_probs=requested_n_probs(rec.endpoint, rec.request) or 5, recorded=recorded, timings=timings,
+    res = run_loop(target, prompt, settings, spec, ctx, profile=profile, draft=draft,
+                   n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
                    server_state=server_state, stream=rec.stream)
+    res.notes += list(settings.notes)
+    if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
+        res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
     if res.first_divergence is not None:
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
     cached = n_prompt_cached(rec.final())
@@ -194,19 +184,23 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     return res
 
 
-def trace_prompt(target: Model, prompt: str, *, seed: int, temp: float, n_predict: int, flags: dict | None = None,
-                 profile: str | None = None, drafts: Drafts | None = None) -> TraceResult:
-    """Run the loop from scratch on a text prompt, as a /completion request with these fields."""
+PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
+
+
+def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, profile: str | None = None,
+                 drafts: Drafts | None = None) -> TraceResult:
+    """Run the loop from scratch on a text prompt: a /completion request that sets only the prompt
+    (and 5 probabilities), on a server started with `flags` (--seed 1 and -n 32 unless given)."""
     profile = profile or DEFAULT_PROFILE
-    body = {"prompt": prompt, "seed": seed, "temperature": temp, "n_predict": n_predict, "n_probs": 5}
+    flags = {**PROMPT_DEFAULTS, **(flags or {})}
     ids = target.tokenize(prompt, add_special=True, parse_special=True)
     spec = resolve("speculative", flags=flags, profile=profile)
     ctx = resolve("context", flags=flags, profile=profile)
     draft = (drafts or Drafts()).get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model \
         else None
-    params = SamplingParams.from_request("/completion", body)
-    return run_loop(target, ids, params, spec, ctx, profile=profile,
-                    limits=Limits(n_ctx=ctx.n_ctx or DEFAULT_N_CTX, n_predict=n_predict), draft=draft, n_probs=5)
+    settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
+                         server_sampling(flags=flags, model_meta=target.meta))
+    return run_loop(target, ids, settings, spec, ctx, profile=profile, draft=draft, n_probs=5)
 
 
 def _check_ids(prompt: Sequence[int], target: Model) -> None:

@@ -72,6 +72,8 @@ def _show(res: RecoverResult, as_json: bool) -> None:
     if len(res.records) == 1:
         click.echo(token_table(res.records[0]))
         click.echo()
+        if res.records[0].settings:
+            click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in res.records[0].settings))
     click.echo(summary_table(res))
     for r in res.records:
         for note in r.notes:

@@ -115,15 +115,18 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
     click.echo()
     click.echo(f"drafted {res.draft_n}, accepted {res.draft_n_accepted}" +
                (f" (server: {res.server_draft_n}, {res.server_draft_n_accepted})" if res.server_draft_n is not None else ""))
-    if res.recorded is not None:
+    if res.compared is not None:
+        basis = "" if res.compared == "token ids" else \
+            " (compared the text, chunk by chunk in a stream: the transcript lacks some token ids)"
         if res.reproduced:
-            click.echo(f"reproduced: all {len(res.recorded)} tokens and the draft totals match the transcript")
+            click.echo(f"reproduced: all {len(res.emitted)} tokens and the draft totals match the transcript{basis}")
         elif res.first_divergence is not None:
             i = res.first_divergence
             ours = res.emitted[i] if i < len(res.emitted) else None
-            theirs = res.recorded[i] if i < len(res.recorded) else None
-            click.echo(f"first divergence at token {i}: trace {piece(ours.id) if ours else '(ended)'!r}, "
-                       f"transcript {piece(theirs) if theirs is not None else '(ended)'!r}")
+            theirs = res.recorded[i] if res.recorded is not None and i < len(res.recorded) else None
+            where = f"transcript {piece(theirs) if theirs is not None else '(ended)'!r}" if res.recorded is not None \
+                else "the transcript's text differs there"
+            click.echo(f"first divergence at token {i}: trace {piece(ours.id) if ours else '(ended)'!r}, {where}{basis}")
             if ours:
                 click.echo("  trace candidates (post-sampling p): " +
                            ", ".join(f"{piece(t)!r} {p:.3f}" for t, p in ours.post_top[:5]))
@@ -134,5 +137,8 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
                 click.echo("  server candidates: none sent for that token (placeholder or missing)")
         else:
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
+    described = res.described()
+    if described:
+        click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in described))
     for note in res.notes:
         click.echo(f"note: {note}")

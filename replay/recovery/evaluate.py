@@ -68,8 +68,9 @@ class PieceIndex:
             return np.empty(0, dtype=np.int64)
         return np.array([t for t in ids if data.startswith(self.pieces[t])], dtype=np.int64)
 
-    def splittable(self, data: bytes) -> list[bool]:
-        """ok[i]: data[i:] can be written as a sequence of pieces (ok[len] is True).
+    def splittable(self, data: bytes, boundaries: Sequence[bool] | None = None) -> list[bool]:
+        """ok[i]: data[i:] can be written as a sequence of pieces (ok[len] is True), where a token
+        may end inside `data` only at offsets k with boundaries[k] true (None: anywhere).
 
         Alignment only steps to offsets from which the rest can still be
         completed, so a preferred long piece never strands the remainder
@@ -78,6 +79,8 @@ class PieceIndex:
         ok = [False] * (len(data) + 1)
         ok[len(data)] = True
         for i in range(len(data) - 1, -1, -1):
+            if i > 0 and boundaries is not None and not boundaries[i]:
+                continue
             ok[i] = any(ok[i + len(self.pieces[t])] for t in self.candidates(data[i:]))
         return ok
 
@@ -147,7 +150,7 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
         if isinstance(item, Gap):
             gap, gap_rest = item, item.data or None
             if pieces is not None and gap_rest:
-                reach = pieces.splittable(item.data)
+                reach = pieces.splittable(item.data, item.boundaries)
                 if not reach[0]:
                     raise _Unaligned(index, item.data)
             i += 1

@@ -49,6 +49,7 @@ class RecordReport:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
     prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
+    settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -76,6 +77,7 @@ class RecordReport:
         d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
              "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
+             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:
             d["error"] = self.error

@@ -133,15 +133,21 @@ class Effective:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> list[tuple[str, Any, str]]:
-        """(setting, value, source) of every value that did not come from the built-in defaults."""
+        """(setting, value, source) of every value that is not llama-server's built-in default."""
+        builtin = SamplingParams()
         out = []
         for name, src in self.sources.items():
-            if src == "default":
-                continue
-            value = getattr(self.params, name, None) if hasattr(self.params, name) else \
-                {"n_predict": self.n_predict, "stop": list(self.stop),
-                 "grammar": self.grammar.kind if self.grammar else None}.get(name)
-            out.append((name, value, src))
+            if name in ("n_predict", "stop", "grammar"):
+                value = {"n_predict": self.n_predict, "stop": list(self.stop),
+                         "grammar": self.grammar.kind if self.grammar else None}[name]
+                if value in (-1, [], None):
+                    continue
+            else:
+                value = getattr(self.params, name)
+                default = getattr(builtin, name)
+                if value == default or (isinstance(value, float) and _c_float(value) == _c_float(default)):
+                    continue
+            out.append(("ignore_eos" if name == "eog_bias" else name, value, src))
         return out
 
 

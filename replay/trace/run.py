@@ -19,10 +19,10 @@ from ..loop.profiles import DEFAULT_PROFILE, profile_of
 from ..recovery.prompt import prompt_ids
 from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
-from ..settings import ContextConfig, SpecConfig, resolve
+from ..settings import ContextConfig, SpecConfig, describe, resolve
 from ..settings.sampling import Effective, effective, server_sampling
 from ..transcripts.entries import n_prompt_cached, sent_entries
-from ..transcripts.plan import Gap, build_plan
+from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record
 from ..transcripts.request import request_settings
 
@@ -34,7 +34,7 @@ class TraceResult:
     steps: list[Step]
     emitted: list[Emitted]
     pieces: list[str]
-    recorded: list[int] | None  # the transcript's generated ids (None: no transcript)
+    recorded: list[int] | None  # the transcript's generated ids (None: no transcript, or it lacks ids)
     first_divergence: int | None
     draft_n: int
     draft_n_accepted: int
@@ -46,10 +46,11 @@ class TraceResult:
     profile: str = DEFAULT_PROFILE
     spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
     settings: Effective | None = None  # the sampling settings, and where each came from
+    compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
 
     @property
     def reproduced(self) -> bool | None:
-        if self.recorded is None:
+        if self.compared is None:
             return None
         return self.first_divergence is None and (
             self.server_draft_n is None or (self.server_draft_n, self.server_draft_n_accepted) ==
@@ -63,28 +64,61 @@ class TraceResult:
             "emitted": [{"index": e.index, "id": e.id, "piece": self.pieces[e.index], "step": e.step,
                          "logprob": e.logprob, "top": top(e.top, False),
                          "post_prob": e.post_prob, "post_top": top(e.post_top, True)} for e in self.emitted],
-            "reproduced": self.reproduced, "first_divergence": self.first_divergence,
+            "reproduced": self.reproduced, "compared": self.compared, "first_divergence": self.first_divergence,
             "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
             "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
             "server_candidates_at_divergence": None if self.server_candidates is None else
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
             "notes": self.notes,
+            "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
         }
 
+    def described(self) -> list[tuple[str, Any, str]]:
+        """(setting, value, source) of every server flag and sampling setting that did not come from
+        llama-server's built-in defaults."""
+        out = [(flag, list(v) if isinstance(v, tuple) else v, src) for flag, v, src in describe(self.spec)
+               if src != "default"] if self.spec is not None else []
+        if self.settings is not None:
+            out += [(k, list(v) if isinstance(v, tuple) else v, src) for k, v, src in self.settings.describe()]
+        return out
 
-def first_divergence(ids: Sequence[int], recorded: Sequence[int]) -> int | None:
-    """The first index where the two token sequences differ (one ending early counts), or None."""
-    for i in range(max(len(ids), len(recorded))):
-        if i >= len(ids) or i >= len(recorded) or ids[i] != recorded[i]:
-            return i
-    return None
+
+def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: bool) -> int | None:
+    """The index of the first emitted token that disagrees with the transcript, or None.
+
+    Known ids must match one for one. A gap (text without ids: a stream's speculative chunk, bytes
+    of tokens that ended in incomplete UTF-8) must be exactly the text of the next emitted tokens,
+    ending on a token boundary, so a stream is compared chunk by chunk. A stream sends nothing for
+    a final end-of-generation token, so the trace may emit one more."""
+    i = 0
+    for item in plan:
+        if isinstance(item, Known):
+            if i >= len(ids) or ids[i] != item.id:
+                return i
+            i += 1
+            continue
+        start, text = i, b""
+        while len(text) < len(item.data) and i < len(ids):
+            text += target.piece(ids[i], special=False)
+            i += 1
+        if text != item.data:
+            # the first token whose bytes leave the gap's text
+            acc = b""
+            for k in range(start, i):
+                acc += target.piece(ids[k], special=False)
+                if not item.data.startswith(acc) or k == i - 1:
+                    return k
+            return start
+    if i == len(ids) or (stream and i == len(ids) - 1 and target.is_eog(ids[i])):
+        return None
+    return i
 
 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
-             profile: str, draft: Model | None, n_probs: int, recorded: list[int] | None = None,
+             profile: str, draft: Model | None, n_probs: int, recorded: Plan | None = None,
              timings: dict | None = None, server_state: dict | None = None, stream: bool = False) -> TraceResult:
-    """Run the loop for one request. `recorded` (the server's ids) is compared token by token; from a
-    stream it may lack a final end-of-generation token (a stream sends no chunk for it)."""
+    """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
+    emits (compare_with_plan)."""
     loop = SpeculativeLoop(target, prompt, settings, spec, profile=profile, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
                            draft=draft, n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, server_state=server_state)
@@ -93,29 +127,22 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]
-    div = None
+    div, compared, recorded_ids = None, None, None
     if recorded is not None:
-        if stream and len(ids) == len(recorded) + 1 and ids[:-1] == list(recorded) and target.is_eog(ids[-1]):
-            recorded = list(recorded) + [ids[-1]]
-        div = first_divergence(ids, recorded)
+        compared = "token ids" if all(isinstance(i, Known) for i in recorded) else "text"
+        div = compare_with_plan(ids, recorded, target, stream=stream)
+        if compared == "token ids":
+            recorded_ids = [i.id for i in recorded]
+            if stream and len(ids) == len(recorded_ids) + 1 and target.is_eog(ids[-1]) and div is None:
+                recorded_ids.append(ids[-1])  # a stream sends no chunk for the final end-of-generation token
     t = timings or {}
-    return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded, div,
-                       loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
+    return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded_ids,
+                       div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
                        post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), profile=profile,
-                       spec=spec, settings=settings)
+                       spec=spec, settings=settings, compared=compared)
 
 
 # --- what a transcript recorded --------------------------------------------------------
-
-def recorded_ids(rec: Record, model: Model) -> tuple[list[int] | None, bytes]:
-    """The transcript's generated ids if it carries all of them, and its generated bytes."""
-    piece = lambda t: model.piece(t, special=True)  # noqa: E731 (refuses ids outside the vocabulary)
-    plan = build_plan(rec, piece)
-    data = b"".join(piece(i.id) if not isinstance(i, Gap) else i.data for i in plan)
-    if any(isinstance(i, Gap) for i in plan):
-        return None, data
-    return [i.id for i in plan], data
-
 
 def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
     """The server's own top list for generated token `index` (natural-log values), if it sent a real one."""
@@ -163,7 +190,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
     draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta)
-    recorded, _ = recorded_ids(rec, target)
+    recorded = build_plan(rec, lambda t: target.piece(t, special=True))  # refuses ids outside the vocabulary
     timings = final.get("timings")
     if isinstance(timings, dict):
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}

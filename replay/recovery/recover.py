@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +21,7 @@ from ..transcripts.entries import drafted, n_generated, n_prompt_cached
 from ..transcripts.plan import Gap, Plan, build_plan, entry_at
 from ..transcripts.readers import Record, read_source, read_text
 from ..transcripts.request import request_settings
-from .compare import DEFAULT_TOLERANCE, compare
+from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_batches
 from .evaluate import PieceIndex, Truth, Unaligned, truths
 from .prefix import plan_prefix
 from .prompt import prompt_ids
@@ -36,8 +36,20 @@ class RecoverOptions:
     """How recover evaluates, besides the server's own settings (settings.ContextConfig)."""
 
     tolerance: float = DEFAULT_TOLERANCE
+    batch_bound: float = BATCH_BOUND  # compare.judge_batches
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
+
+
+def slots_of(rec: Record, flags: dict) -> int | None:
+    """How many slots the server ran (b11434's default -np is 4), or None when nothing says."""
+    total = (rec.props or {}).get("total_slots")
+    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+        return total
+    n = flags.get("n_parallel", (rec.flags or {}).get("--parallel"))
+    if isinstance(n, int):
+        return 4 if n < 1 else n
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,7 +177,19 @@ class Recoverer:
                 evaluated.pop()
         speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
+        rep.slots = slots_of(rec, self.flags)
+        judged, rep.weighted_diff, rep.batched = judge_batches([o.report for o in outcomes], rep.slots,
+                                                               self.options.batch_bound)
+        outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         rep.tokens = [o.report for o in outcomes]
+        if rep.batched:
+            worst = max(abs(t.server_logprob - t.true_logprob) for t in rep.tokens if t.real_pairs)
+            rep.notes.append(f"the server's real values differ from a one-request evaluation by up to {worst:.3g} "
+                             f"nats ({rep.weighted_diff:.3g} weighted by probability, first entry and record): it ran "
+                             f"{rep.slots or 'possibly several'} slots, and requests decoded in the same batches "
+                             "change its kernels; within the "
+                             f"{self.options.batch_bound} nats batching explains (a wrong model file differs by "
+                             "0.45 or more), so they are kept as sent and the rest gets one-request values")
         if unaligned is not None:
             rep.error = str(unaligned)
             rep.tokens.append(TokenReport(unaligned.index, None, "", None, None, "unaligned", [], note=rep.error))

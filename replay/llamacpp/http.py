@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from ..errors import ServerError
 
-DEFAULT_TIMEOUT = 600.0
+DEFAULT_TIMEOUT = 3600.0  # a long generation on a busy CPU server takes minutes; 600 s timed out under load
 
 
 def _url(base: str, path: str) -> str:

@@ -135,6 +135,8 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
                            ", ".join(f"{piece(t)!r} {lp:.3f}" for t, lp in res.server_candidates[:5]))
             elif theirs is not None:
                 click.echo("  server candidates: none sent for that token (placeholder or missing)")
+            if res.explanation is not None:
+                click.echo(f"  divergence: {res.explanation.text}")
         else:
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
     described = res.described()

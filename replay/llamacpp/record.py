@@ -131,9 +131,14 @@ def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | Non
     if "cache_prompt" not in body:
         body["cache_prompt"] = False
         added.append("cache_prompt")
-    if item.endpoint == "/completion" and "return_tokens" not in body:
+    # the generated ids; on the OpenAI endpoints they (and the settings the server used, its grammar
+    # among them) come back only under "__verbose" (tools/server/server-task.cpp:404-455)
+    if "return_tokens" not in body:
         body["return_tokens"] = True
         added.append("return_tokens")
+    if item.endpoint != "/completion" and "verbose" not in body:
+        body["verbose"] = True
+        added.append("verbose")
     snap = snapshot or server_snapshot(url)
     prompt_ids = prompt_token_ids(url, item.endpoint, body)
     stream = bool(body.get("stream"))

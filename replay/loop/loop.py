@@ -39,6 +39,7 @@ from .profiles import check_replayable
 from .verify import match_continues, rejection_step
 
 Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
+CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
 
 
 @dataclass
@@ -52,6 +53,12 @@ class Emitted:
     top: list[tuple[int, float]]
     post_prob: float
     post_top: list[tuple[int, float]]
+    # how it was chosen, for explaining a divergence (trace/divergence.py): the chain pass that scored
+    # its row (1-based), that pass's candidates (ids and p, in order), and the verifier's rule
+    draw: int = 0
+    cands: np.ndarray | None = field(default=None, repr=False)
+    how: str = "sampled"  # "sampled" | "accepted" (a draft token kept by rejection) | "residual"
+    best_logits: dict[int, float] = field(default_factory=dict, repr=False)  # the row's largest raw logits
 
 
 @dataclass
@@ -84,6 +91,7 @@ class Verified:
 
     ids: list[int] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)  # the verify row that scored each of `ids`
+    how: list[tuple[int, str]] = field(default_factory=list)  # (chain pass, rule) that chose each of `ids`
     target_p: list[float] = field(default_factory=list)
     uniforms: list[list[float | None]] = field(default_factory=list)
     resampled: int | None = None
@@ -192,10 +200,11 @@ class SpeculativeLoop:
             d.begin(self.prompt)
         logits = self.ctx.logits(-1)
         tok, cands = self._sample(logits)
+        draw = self.chain.n_applies
         self.chain.accept(tok)
         self.kv = list(self.prompt)
         self.sampled = tok
-        self.alive = self.emit(tok, 0, logits, cands, n_before=0, n_step=1)
+        self.alive = self.emit(tok, 0, logits, cands, n_before=0, n_step=1, how=(draw, "sampled"))
         return Step(index=0, pos0=n_prompt, sampled=tok, rule="normal", emitted=[tok])
 
     def step(self, index: int) -> Step:
@@ -215,9 +224,9 @@ class SpeculativeLoop:
         self.sampled = v.ids[-1]
         emitted = []
         n_before = len(self.emitted)
-        for tok, (logits, cands) in zip(v.ids, v.rows):
+        for tok, (logits, cands), how in zip(v.ids, v.rows, v.how):
             emitted.append(tok)
-            if not self.emit(tok, index, logits, cands, n_before=n_before, n_step=len(v.ids)):
+            if not self.emit(tok, index, logits, cands, n_before=n_before, n_step=len(v.ids), how=how):
                 self.alive = False
                 break  # the rest of this step's tokens are dropped
         return Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
@@ -263,7 +272,7 @@ class SpeculativeLoop:
                                  lambda: canonical_float(self.rng))
             v.target_p.append(dec.p)
             v.uniforms.append([dec.u_accept, dec.u_residual])
-            self._keep(v, dec.token, logits, cands)
+            self._keep(v, dec.token, logits, cands, "accepted" if dec.accepted else "residual")
             if not dec.accepted:
                 v.resampled = dec.token
                 return v
@@ -293,13 +302,16 @@ class SpeculativeLoop:
             self.draft.ctx.seq_rm(0, keep, -1)
 
     def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray, *, n_before: int,
-             n_step: int) -> bool:
+             n_step: int, how: tuple[int, str] = (0, "sampled")) -> bool:
         """Record one emitted token with its true values; False when generation stops after it
         (process_token, server-context.cpp:1966-2095: stop strings, the context, n_predict, EOG).
         `n_before` tokens were emitted before this step, which verified `n_step` (Limits.context_full)."""
         logprob, top = pre_sampling(logits, tok, self.n_probs)
         post_p, post_top = post_sampling(cands, tok, self.n_probs)
-        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top))
+        best = np.argpartition(logits, -4)[-4:] if len(logits) > 4 else np.arange(len(logits))
+        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top, draw=how[0],
+                                    cands=cands[:CANDS_KEPT].copy(), how=how[1],
+                                    best_logits={int(i): float(logits[i]) for i in best} | {tok: float(logits[tok])}))
         self.text += self.target.piece(tok, special=False)
         text = self.text.decode("utf-8", "ignore")
         lim = self.limits
@@ -330,8 +342,9 @@ class SpeculativeLoop:
         p_norm = np.float32(1) / p_sum if p_sum > 0 else np.float32(1)
         return (p_raw * p_norm).astype(np.float32)
 
-    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray) -> None:
+    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray, how: str = "sampled") -> None:
         """A token the verifier returns: accepted into the chain's history (common_sampler_accept)."""
+        v.how.append((self.chain.n_applies, how))
         self.chain.accept(tok)
         v.ids.append(tok)
         v.rows.append((logits, cands))

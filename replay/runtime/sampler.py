@@ -115,6 +115,7 @@ class SamplerChain:
         self.params = params
         self.model = model
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
+        self.n_applies = 0  # chain passes so far: each draws once from dist's stream (trace/divergence.py)
         cp = L.llama_sampler_chain_default_params()
         cp.no_perf = True
         self._chain = L.llama_sampler_chain_init(cp)
@@ -209,6 +210,7 @@ class SamplerChain:
         The candidate array is a copy (structured TOKEN_DATA), sorted by p
         descending if the chain left it unsorted, as get_candidates(sorted=true) does.
         """
+        self.n_applies += 1
         buf = self._buf
         buf["id"] = np.arange(len(buf), dtype=np.int32)
         buf["logit"] = logits

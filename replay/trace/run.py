@@ -24,6 +24,8 @@ from ..settings.sampling import Effective, effective, server_sampling
 from ..transcripts.entries import n_prompt_cached, sent_entries
 from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record
+from .divergence import DEFAULT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection, explain_sampled, \
+    measured_noise
 from ..transcripts.request import request_settings
 
 DEFAULT_N_CTX = 2048
@@ -47,6 +49,7 @@ class TraceResult:
     spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
     settings: Effective | None = None  # the sampling settings, and where each came from
     compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
+    explanation: Explanation | None = None  # why it diverged (trace/divergence.py)
 
     @property
     def reproduced(self) -> bool | None:
@@ -69,6 +72,7 @@ class TraceResult:
             "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
             "server_candidates_at_divergence": None if self.server_candidates is None else
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
+            "divergence": None if self.explanation is None else self.explanation.to_json(),
             "notes": self.notes,
             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
         }
@@ -144,6 +148,50 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
 
 # --- what a transcript recorded --------------------------------------------------------
 
+def real_value_pairs(res: TraceResult, rec: Record) -> list[tuple[float, float]]:
+    """(server, trace) logprob of every real value the transcript holds for a token the trace emitted
+    the same, its alternatives matched by id (the trace reports with the transcript's mode)."""
+    sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
+                                                                                        events=rec.chunks())
+    pairs = []
+    for e, s in zip(res.emitted, sent):
+        if s.is_placeholder or s.id != e.id:
+            continue
+        ours = dict((i, math.log(p) if p > 0 else -math.inf) for i, p in e.post_top) if res.post else dict(e.top)
+        own = (math.log(e.post_prob) if e.post_prob > 0 else -math.inf) if res.post else e.logprob
+        pairs.append((s.logprob, own))
+        pairs += [(lp, ours[i]) for i, _, lp in s.top if i in ours]
+    return pairs
+
+
+def explain(res: TraceResult, rec: Record, settings: Effective) -> Explanation | None:
+    """Numerics or the loop, at the first divergence (trace/divergence.py)."""
+    i = res.first_divergence
+    if i is None or i >= len(res.emitted) or res.recorded is None or i >= len(res.recorded):
+        return None
+    e, theirs = res.emitted[i], res.recorded[i]
+    noise = measured_noise(real_value_pairs(res, rec))
+    assumed = noise is None
+    noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
+    p = settings.params
+    if e.how in ("accepted", "residual"):
+        step = res.steps[e.step]
+        k = i - sum(len(s.emitted) for s in res.steps[:e.step])
+        u = step.uniforms[k][0] if k < len(step.uniforms) else None
+        q = step.draft_q[k] if step.draft_q and k < len(step.draft_q) else 0.0
+        out = explain_rejection(u, step.target_p[k] if k < len(step.target_p) else 0.0, q, noise)
+    elif p.temp <= 0 and p.mirostat == 0 and "temperature" in p.samplers:
+        out = explain_greedy(e.best_logits.get(e.id, 0.0), e.best_logits.get(theirs), noise)
+    elif p.mirostat == 0 and "adaptive_p" not in p.samplers and e.cands is not None:
+        out = explain_sampled(e.cands["id"], e.cands["p"], dist_draw(p.seed, e.draw), e.id, theirs, noise)
+    else:
+        return Explanation("loop", "mirostat and adaptive-p draws are not reconstructed: cannot tell")
+    if assumed:
+        out = Explanation(out.cause, out.text + f" (no real values in the transcript to measure the numeric "
+                                                 f"difference: {DEFAULT_NOISE} assumed)")
+    return out
+
+
 def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
     """The server's own top list for generated token `index` (natural-log values), if it sent a real one."""
     probs = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
@@ -185,12 +233,13 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     final = rec.final() or {}
     profile = profile or profile_of(rec.build_info or final.get("system_fingerprint")) or DEFAULT_PROFILE
     prompt = prompt_ids(rec, target)
-    _check_ids(prompt, target)
+    _check_ids(prompt, target, "prompt")
     spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
     draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta)
-    recorded = build_plan(rec, lambda t: target.piece(t, special=True))  # refuses ids outside the vocabulary
+    recorded = build_plan(rec, lambda t: target.piece(t, special=True))
+    _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
     timings = final.get("timings")
     if isinstance(timings, dict):
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
@@ -202,6 +251,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
     if res.first_divergence is not None:
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
+        res.explanation = explain(res, rec, settings)
     cached = n_prompt_cached(rec.final())
     if cached:
         res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "
@@ -230,8 +280,8 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, profi
     return run_loop(target, ids, settings, spec, ctx, profile=profile, draft=draft, n_probs=5)
 
 
-def _check_ids(prompt: Sequence[int], target: Model) -> None:
-    bad = next((t for t in prompt if not 0 <= t < target.n_vocab), None)
+def _check_ids(ids: Sequence[int], target: Model, what: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < target.n_vocab), None)
     if bad is not None:
-        raise ModelError(f"prompt token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
+        raise ModelError(f"{what} token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
                          "tokens): the transcript comes from another model")

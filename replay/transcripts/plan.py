@@ -159,13 +159,15 @@ def _plan_body(rec: Record, piece) -> list[PlanItem]:
     r = rec.response
     assert r is not None
     entries = entries_of(rec.endpoint, r)
-    ids = r.get("tokens") if rec.endpoint == NATIVE else None
+    # the generated ids: /completion's "tokens", or the "__verbose" copy the OpenAI endpoints send on request
+    native = r if rec.endpoint == NATIVE else r.get("__verbose") if isinstance(r.get("__verbose"), dict) else {}
+    ids = native.get("tokens")
     if entries is None and not (isinstance(ids, list) and ids):
         raise TranscriptError("the response carries neither probabilities nor token ids, so its tokens cannot "
                               "be told apart: record with logprobs (n_probs / top_logprobs) or return_tokens")
     entries = entries or []  # none requested: repair creates the list where the server would put it
-    if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
-        return _plan_from_ids(ids, entries, stop_word=r.get("stop_type") == "word")
+    if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        return _plan_from_ids(ids, entries, stop_word=native.get("stop_type") == "word")
     return _with_gaps(entries, piece, None, _Text())
 
 

@@ -406,6 +406,8 @@ def _check_entry(e: Any, fail, where: str, top_level: bool = True) -> None:
                 continue  # SDK dumps can carry nulls
             if not _is_number(v):
                 raise fail(f"{where}: {key} {v!r} is not a finite number")
+            if (key == "logprob" and v > 1e-3) or (key == "prob" and not -1e-3 <= v <= 1 + 1e-3):
+                raise fail(f"{where}: {key} {v!r} is not a probability")
     if "logprob" not in e and "prob" not in e:
         raise fail(f"{where}: a probability entry has neither logprob nor prob")
     if top_level:

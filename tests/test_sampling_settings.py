@@ -27,7 +27,7 @@ def model_with_defaults(tmp_path_factory):
 
 def test_the_model_files_keys_apply_where_no_flag_was_given(model_with_defaults):
     layer = server_sampling(flags={"top_k": 8}, model_meta=model_with_defaults.meta)
-    assert layer["top_k"] == (8, "flag")  # the flag sets its user bit: the file's top_k does not apply
+    assert layer["top_k"] == (8, "command line")  # the flag sets its user bit: the file's top_k does not apply
     assert layer["top_p"] == (pytest.approx(0.9), "model file")
     assert layer["penalty_repeat"] == (pytest.approx(1.05), "model file")
     assert layer["temp"] == (pytest.approx(0.7), "model file")
@@ -39,7 +39,7 @@ def test_sampling_seq_sets_no_bit_so_the_files_sequence_wins(model_with_defaults
     assert server_sampling(flags={"sampling_seq": "kpt"}, model_meta=model_with_defaults.meta)["samplers"] == \
         (("top_k", "temperature"), "model file")
     assert server_sampling(flags={"samplers": "min_p;temperature"}, model_meta=model_with_defaults.meta)[
-        "samplers"] == (("min_p", "temperature"), "flag")
+        "samplers"] == (("min_p", "temperature"), "command line")
 
 
 def test_the_model_files_values_are_read_as_the_server_renders_and_parses_them(model_with_defaults):
@@ -52,7 +52,7 @@ def test_a_request_overrides_every_layer_and_says_so(model_with_defaults):
     eff = effective("/completion", {"prompt": "x", "top_k": 2, "temperature": -1, "seed": 5}, layer)
     assert (eff.params.top_k, eff.sources["top_k"]) == (2, "request")
     assert (eff.params.temp, eff.params.top_p, eff.sources["top_p"]) == (0.0, pytest.approx(0.9), "model file")
-    assert ("temp", 0.0, "request") in eff.describe()
+    assert ("--temp", 0.0, "request") in eff.describe()
 
 
 def test_sampler_names_are_lowercased_with_their_aliases_and_a_string_is_read_letter_by_letter():
@@ -98,10 +98,12 @@ def test_a_requests_logit_bias_replaces_the_servers_and_its_ignore_eos():
 
 
 def test_props_reports_the_servers_merge_and_wins_over_a_reconstruction(model_with_defaults):
+    """Where /props agrees with a lower layer, that layer is the value's source (the model file
+    said so); where it disagrees, the server was started with a flag nobody told us about."""
     props = {"default_generation_settings": {"params": {"top_k": 5, "samplers": ["top_k", "temperature"],
                                                         "n_predict": -1}}}
     layer = server_sampling(props=props, model_meta=model_with_defaults.meta)
-    assert layer["top_k"] == (5, "/props") and layer["samplers"] == (("top_k", "temperature"), "/props")
+    assert layer["top_k"] == (5, "/props") and layer["samplers"] == (("top_k", "temperature"), "model file")
     assert layer["n_predict"] == (-1, "default")  # /props always shows -1 there, whatever -n says
 
 

@@ -44,10 +44,10 @@ def test_flags_resolve_over_props_over_the_transcript_over_the_defaults():
     ctx = resolve("context", flags={"n_batch": 64}, recorded=recorded, props=props)
     assert (spec.spec_types, spec.ngram_mod_n_match, spec.ngram_mod_n_max, spec.ngram_mod_n_min) == \
         (("ngram-mod",), 20, 32, 48)
-    assert spec.sources["spec_types"] == "transcript" and spec.sources["ngram_mod_n_max"] == "flag"
+    assert spec.sources["spec_types"] == "server.flags" and spec.sources["ngram_mod_n_max"] == "command line"
     assert (ctx.n_ctx, ctx.sources["n_ctx"]) == (256, "/props")  # what the server reported it ran with
-    assert (ctx.n_batch, ctx.sources["n_batch"], ctx.n_ubatch, ctx.sources["n_ubatch"]) == (64, "flag", 512, "default")
-    assert ("--spec-ngram-mod-n-match", 20, "transcript") in describe(spec)
+    assert (ctx.n_batch, ctx.sources["n_batch"], ctx.n_ubatch, ctx.sources["n_ubatch"]) == (64, "command line", 512, "default")
+    assert ("--spec-ngram-mod-n-match", 20, "server.flags") in describe(spec)
 
 
 def test_profile_defaults_and_builds_are_columns_of_the_table():

@@ -41,17 +41,6 @@ class RecoverOptions:
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
 
 
-def slots_of(rec: Record, flags: dict) -> int | None:
-    """How many slots the server ran (b11434's default -np is 4), or None when nothing says."""
-    total = (rec.props or {}).get("total_slots")
-    if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-        return total
-    n = flags.get("n_parallel", (rec.flags or {}).get("--parallel"))
-    if isinstance(n, int):
-        return 4 if n < 1 else n
-    return None
-
-
 @dataclass(frozen=True)
 class Recovered:
     """One record's outcome: its report, and its repaired top-level object (None if not repaired)."""
@@ -177,7 +166,7 @@ class Recoverer:
                 evaluated.pop()
         speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
-        rep.slots = slots_of(rec, self.flags)
+        rep.slots = rec.slots(self.flags.get("n_parallel"))
         judged, rep.weighted_diff, rep.batched = judge_batches([o.report for o in outcomes], rep.slots,
                                                                self.options.batch_bound)
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]

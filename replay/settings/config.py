@@ -2,7 +2,7 @@
 
     spec = resolve("speculative", flags={"draft_n_max": 5}, recorded=rec.flags)
     spec.draft_n_max         # 5
-    spec.sources["draft_n_max"], spec.sources["spec_types"]   # "flag", "transcript"
+    spec.sources["draft_n_max"], spec.sources["spec_types"]   # "command line", "server.flags"
 
 A value is taken from the first of: a flag given to spec-replay (spelled as llama-server spells
 it), the server's own report in the /props that `record` captured (what it really runs with: a
@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from .table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
 
-SOURCES = ("flag", "/props", "transcript", "default")
+SOURCES = ("command line", "/props", "server.flags", "default")
 
 
 def _config_class(name: str, group: str, doc: str) -> type:
@@ -58,9 +58,9 @@ def resolve(group: str, *, flags: Mapping[str, Any] | None = None, recorded: Map
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in rows(group):
-        for src, value in (("flag", (flags or {}).get(s.attr)),
+        for src, value in (("command line", (flags or {}).get(s.attr)),
                            ("/props", dig(props, s.props) if s.props else None),
-                           ("transcript", (recorded or {}).get(s.flag))):
+                           ("server.flags", (recorded or {}).get(s.flag))):
             value = _usable(s, s.parse(value))
             if value is not None:
                 values[s.attr], sources[s.attr] = value, src

@@ -4,7 +4,7 @@ with where each value came from.
     defaults = server_sampling(flags=ours, recorded=rec.flags, props=rec.props, model_meta=model.meta)
     eff = effective(endpoint, request_body, defaults, echo=generation_settings)
     eff.params            # SamplingParams for the sampler chain
-    eff.sources["top_k"]  # "request", "flag", "/props", "transcript", "model file", "default", ...
+    eff.sources["top_k"]  # "request", "command line", "/props", "server.flags", "model file", "default", ...
 
 The server's layers (b11434; research notes in the module of each rule):
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..errors import TranscriptError
-from .table import Setting, rows
+from .table import BY_ATTR, Setting, rows
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 INT32 = 2**31
@@ -147,8 +147,14 @@ class Effective:
                 default = getattr(builtin, name)
                 if value == default or (isinstance(value, float) and _c_float(value) == _c_float(default)):
                     continue
-            out.append(("ignore_eos" if name == "eog_bias" else name, value, src))
+            out.append((_spelling(name), value, src))
         return out
+
+
+def _spelling(name: str) -> str:
+    """A setting as llama-server spells its flag (--top-k); request-only fields keep their name."""
+    attr = {"eog_bias": "ignore_eos", "stop": "antiprompt"}.get(name, name)
+    return BY_ATTR[attr].flag if attr in BY_ATTR else name
 
 
 # --- C parsing, as the server does it ---------------------------------------------------------
@@ -198,7 +204,7 @@ def server_sampling(*, flags: Mapping[str, Any] | None = None, recorded: Mapping
     as libllama renders it (llama_model_meta_val_str, what the server parses)."""
     given: dict[str, tuple[Any, str]] = {}
     for s in rows("sampling"):
-        for src, value in (("flag", (flags or {}).get(s.attr)), ("transcript", (recorded or {}).get(s.flag))):
+        for src, value in (("command line", (flags or {}).get(s.attr)), ("server.flags", (recorded or {}).get(s.flag))):
             value = s.parse(value)
             if value is not None and value != ():
                 given[s.attr] = (value, src)
@@ -237,15 +243,27 @@ def server_sampling(*, flags: Mapping[str, Any] | None = None, recorded: Mapping
             if key not in _PROPS_KEYS or key in _NOT_IN_PROPS or value is None:
                 continue
             attr = "samplers" if key == "samplers" else _PROPS_KEYS[key].attr
-            if attr in given and given[attr][1] == "flag":
+            if attr in given and given[attr][1] == "command line":
                 continue  # the user says otherwise
             if key == "samplers":
-                layer["samplers"] = (samplers_from_names(list(value)), "/props")
+                v = samplers_from_names(list(value))
             elif attr == "seed":
-                layer["seed"] = (int(value), "/props")
+                v = int(value)
             else:
-                layer[attr] = (_PROPS_KEYS[key].parse(value), "/props")
+                v = _PROPS_KEYS[key].parse(value)
+            if not _same(layer.get(attr, (None,))[0], v):  # where it agrees, the lower layer says why
+                layer[attr] = (v, "/props")
     return layer
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats to float32 precision (/props prints the server's floats widened)."""
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return a == b
 
 
 # --- layer 4: the request ---------------------------------------------------------------------

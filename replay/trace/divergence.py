@@ -8,9 +8,9 @@ token where the trace and the transcript differ, the trace knows how it chose it
     sampled    the chain's dist sampler drew u from its own stream, mt19937(seed), one
                generate_canonical<double> per chain pass (src/llama-sampler.cpp:1150-1223), and
                picked the token whose interval of the cumulative p holds u * sum(p); the server's
-               token is numerics-close when u lies within `noise` of the boundary to its interval,
-               where `noise` is the logprob difference measured on this record's real values,
-               turned into probability (p * noise for each interval in between)
+               token is numerics-close when, with every logit off by up to `noise` (the logprob
+               difference measured on this record's real values), its interval could hold u
+               (explain_sampled: near ties in the order may swap intervals)
     greedy     temperature 0 keeps the argmax: a near tie when the two logprobs differ by no more
                than `noise`
     rejection  the verifier compared u with p/q: numerics-close when |u - p/q| <= noise * p/q
@@ -29,6 +29,10 @@ import numpy as np
 from ..numerics.rng import MT19937, canonical_double
 
 DEFAULT_NOISE = 0.1  # nats, when the transcript has no real values to measure it (the largest seen: 0.093)
+# nats, at a placeholder on a multi-slot server: the largest |server - one-request| difference on a real
+# value of 4 concurrent requests to a 4-slot b11434 server (SmolLM2 Q4_1, 12 records, all values up to
+# each record's first divergence: 0.416)
+MULTI_SLOT_NOISE = 0.42
 
 
 @dataclass(frozen=True)
@@ -50,26 +54,49 @@ def dist_draw(seed: int, ordinal: int) -> float:
 
 
 def explain_sampled(ids: np.ndarray, p: np.ndarray, u: float, ours: int, theirs: int, noise: float) -> Explanation:
-    """Where u fell in the cumulative p (array order, as dist scans it) relative to the interval of the
-    server's token (module docstring)."""
+    """Whether a numeric difference of `noise` nats could have put the draw u in the server's token.
+
+    dist picks the candidate whose interval of the cumulative p (in array order, which top-k sorted
+    by logit) holds u. Off by at most `noise` = n nats in every logit, a sum S of some candidates' p
+    keeps its odds S / (1 - S) within a factor e^(+-2n), and a candidate whose p is within e^(2n) of
+    the server's token's may sit on either side of it in the server's array (a near tie in the order
+    swaps the two intervals). The server's token therefore starts no earlier than S_ahead and ends no
+    later than S_maybe + p_t, each moved by that odds factor, where S_ahead sums the candidates surely
+    ahead of it (p > p_t e^(2n)) and S_maybe those possibly ahead (p >= p_t e^(-2n)): numerics when u
+    lies inside that range."""
     p64 = p.astype(np.float64)
+    p64 = p64 / p64.sum()
     cum = np.cumsum(p64)
-    target = u * cum[-1]
     where = {int(t): k for k, t in enumerate(ids)}
     if theirs not in where:
         return Explanation("loop", f"the server's token is not among the trace's {len(ids)} candidates after the "
                                    "sampler chain: not a near tie")
     j, jb = where[ours], where[theirs]
-    lo, hi = sorted((j, jb))
-    # interval k is [cum[k-1], cum[k]): how far the cumulative p must move for u to land in jb's
-    margin = target - cum[jb] if jb < j else cum[jb - 1] - target
-    allowed = noise * float(p64[lo:hi + 1].sum())
-    figures = (f"u {u:.6f} at {target:.6f} of the cumulative p; the trace's token holds "
-               f"[{(cum[j - 1] if j else 0.0):.6f}, {cum[j]:.6f}), the server's p {p64[jb]:.4f}; the draw lies "
-               f"{margin:.6f} from the server's token, and a numeric difference of {noise:.3g} nats moves the "
-               f"boundaries by up to {allowed:.6f}")
-    return Explanation("numerics" if margin <= allowed else "loop",
-                       ("explained by numerics: " if margin <= allowed else "not a near tie: ") + figures)
+    pt, f = float(p64[jb]), math.exp(2 * noise)
+    others = np.arange(len(p64)) != jb
+    ahead = float(p64[others & (p64 > pt * f)].sum())
+    maybe = float(p64[others & (p64 >= pt / f)].sum())
+    lo, hi = _odds_moved(ahead, -2 * noise), _odds_moved(maybe + pt, 2 * noise)
+    start = cum[jb - 1] if jb else 0.0
+    margin = max(start - u, u - cum[jb], 0.0)
+    inside = lo <= u < hi
+    figures = (f"u {u:.6f}; the trace's token holds [{(cum[j - 1] if j else 0.0):.6f}, {cum[j]:.6f}), the "
+               f"server's token (p {pt:.4f}) [{start:.6f}, {cum[jb]:.6f}): the draw lies {margin:.6f} from the "
+               f"server's token, and a numeric difference of {noise:.3g} nats lets that token hold anything "
+               f"within [{lo:.6f}, {hi:.6f})")
+    return Explanation("numerics" if inside else "loop",
+                       ("explained by numerics: " if inside else "not a near tie: ") + figures)
+
+
+def _odds_moved(s: float, by: float) -> float:
+    """The probability whose odds are those of `s` times e^by.
+
+    >>> round(_odds_moved(0.5, math.log(3)), 6)
+    0.75
+    """
+    if s <= 0.0 or s >= 1.0:
+        return min(max(s, 0.0), 1.0)
+    return 1.0 / (1.0 + (1.0 - s) / s * math.exp(-by))
 
 
 def explain_greedy(lp_ours: float, lp_theirs: float | None, noise: float) -> Explanation:

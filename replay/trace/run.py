@@ -24,7 +24,7 @@ from ..settings.sampling import Effective, effective, server_sampling
 from ..transcripts.entries import n_prompt_cached, sent_entries
 from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record
-from .divergence import DEFAULT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection, explain_sampled, \
+from .divergence import DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection, explain_sampled, \
     measured_noise
 from ..transcripts.request import request_settings
 
@@ -148,31 +148,41 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
 
 # --- what a transcript recorded --------------------------------------------------------
 
-def real_value_pairs(res: TraceResult, rec: Record) -> list[tuple[float, float]]:
+def real_value_pairs(res: TraceResult, rec: Record, upto: int | None = None) -> list[tuple[float, float]]:
     """(server, trace) logprob of every real value the transcript holds for a token the trace emitted
-    the same, its alternatives matched by id (the trace reports with the transcript's mode)."""
+    the same, its alternatives matched by id (the trace reports with the transcript's mode), up to
+    and including index `upto` (after a divergence the two condition on different tokens)."""
     sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
                                                                                         events=rec.chunks())
     pairs = []
-    for e, s in zip(res.emitted, sent):
-        if s.is_placeholder or s.id != e.id:
-            continue
+    n = len(res.emitted) if upto is None else upto + 1
+    for k, (e, s) in enumerate(zip(res.emitted[:n], sent[:n])):
+        if s.is_placeholder or (s.id != e.id and k != upto):
+            continue  # (at the divergence itself the context is the same: its alternatives compare)
         ours = dict((i, math.log(p) if p > 0 else -math.inf) for i, p in e.post_top) if res.post else dict(e.top)
-        own = (math.log(e.post_prob) if e.post_prob > 0 else -math.inf) if res.post else e.logprob
-        pairs.append((s.logprob, own))
+        if s.id == e.id:
+            pairs.append((s.logprob, (math.log(e.post_prob) if e.post_prob > 0 else -math.inf) if res.post
+                          else e.logprob))
         pairs += [(lp, ours[i]) for i, _, lp in s.top if i in ours]
     return pairs
 
 
-def explain(res: TraceResult, rec: Record, settings: Effective) -> Explanation | None:
-    """Numerics or the loop, at the first divergence (trace/divergence.py)."""
+def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | None = None) -> Explanation | None:
+    """Numerics or the loop, at the first divergence (trace/divergence.py). The numeric difference is
+    the largest measured on the record's real values up to the divergence; where the divergence
+    itself has no real value (a placeholder) on a server that ran several slots, at least
+    MULTI_SLOT_NOISE, since batches shared with other requests move later positions more than the
+    first token shows."""
     i = res.first_divergence
     if i is None or i >= len(res.emitted) or res.recorded is None or i >= len(res.recorded):
         return None
     e, theirs = res.emitted[i], res.recorded[i]
-    noise = measured_noise(real_value_pairs(res, rec))
+    noise = measured_noise(real_value_pairs(res, rec, upto=i))
     assumed = noise is None
     noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
+    multi = slots != 1 and i > 0 and not real_at(rec, i) and noise < MULTI_SLOT_NOISE
+    if multi:
+        noise, assumed = MULTI_SLOT_NOISE, False
     p = settings.params
     if e.how in ("accepted", "residual"):
         step = res.steps[e.step]
@@ -189,7 +199,19 @@ def explain(res: TraceResult, rec: Record, settings: Effective) -> Explanation |
     if assumed:
         out = Explanation(out.cause, out.text + f" (no real values in the transcript to measure the numeric "
                                                  f"difference: {DEFAULT_NOISE} assumed)")
+    if multi:
+        where = f"a {slots}-slot server" if slots else "a server that may run several slots"
+        out = Explanation(out.cause, out.text + f" (a placeholder here, on {where}: {MULTI_SLOT_NOISE} nats "
+                                                 "assumed, the largest difference measured on real values of "
+                                                 "concurrent traffic)")
     return out
+
+
+def real_at(rec: Record, index: int) -> bool:
+    """Whether the transcript holds a real value for generated token `index`."""
+    sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
+                                                                                        events=rec.chunks())
+    return index < len(sent) and not sent[index].is_placeholder
 
 
 def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
@@ -251,7 +273,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
     if res.first_divergence is not None:
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
-        res.explanation = explain(res, rec, settings)
+        res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
     cached = n_prompt_cached(rec.final())
     if cached:
         res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "

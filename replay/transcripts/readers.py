@@ -56,6 +56,17 @@ class Record:
     def chunks(self) -> list[dict]:
         return [e for e in (self.events or []) if isinstance(e, dict)]
 
+    def slots(self, n_parallel: int | None = None) -> int | None:
+        """How many slots the server ran: /props total_slots, else `n_parallel` (our -np) or the
+        recorded --parallel (b11434's default, -1, is 4), else None when nothing says."""
+        total = (self.props or {}).get("total_slots")
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            return total
+        n = n_parallel if n_parallel is not None else (self.flags or {}).get("--parallel")
+        if isinstance(n, int) and not isinstance(n, bool):
+            return 4 if n < 1 else n
+        return None
+
     def final(self) -> dict | None:
         """The object carrying usage/timings."""
         if not self.stream:

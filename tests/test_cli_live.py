@@ -70,7 +70,7 @@ def test_record_writes_a_transcript(self_draft_server, tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps(CHAT))
     out = tmp_path / "t.json"
-    r = run("record", self_draft_server.url, "-r", req, "-o", out, "--spec-type", "draft-simple",
+    r = run("record", self_draft_server.url, "--request", req, "-o", out, "--spec-type", "draft-simple",
             "-md", "draft.gguf")
     assert r.exit_code == 0, r.output
     t = json.loads(out.read_text())
@@ -88,7 +88,7 @@ def test_record_refuses_to_overwrite(self_draft_server, tmp_path):
     req.write_text(json.dumps(CHAT))
     out = tmp_path / "t.json"
     out.write_text("precious")
-    r = run("record", self_draft_server.url, "-r", req, "-o", out)
+    r = run("record", self_draft_server.url, "--request", req, "-o", out)
     assert r.exit_code != 0
     assert "exists; use --force" in one_error(r)
     assert out.read_text() == "precious"
@@ -101,7 +101,7 @@ def test_record_refuses_a_request_without_seed(self_draft_server, tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps({k: v for k, v in CHAT.items() if k != "seed"}))
     out = tmp_path / "t.json"
-    r = run("record", self_draft_server.url, "-r", req, "-o", out)
+    r = run("record", self_draft_server.url, "--request", req, "-o", out)
     assert r.exit_code != 0
     assert "no fixed seed" in one_error(r)
     assert not out.exists()
@@ -124,7 +124,7 @@ def test_record_jsonl_reports_a_bad_line_and_keeps_going(self_draft_server, tmp_
 def test_record_unreachable_url(tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps(CHAT))
-    r = run("record", f"http://127.0.0.1:{free_port()}", "-r", req, "-o", tmp_path / "t.json")
+    r = run("record", f"http://127.0.0.1:{free_port()}", "--request", req, "-o", tmp_path / "t.json")
     assert r.exit_code != 0
     assert "cannot reach" in one_error(r)
     assert not (tmp_path / "t.json").exists()
@@ -143,7 +143,7 @@ def not_llama_server(tmp_path):
 def test_record_non_llama_server(not_llama_server, tmp_path):
     req = tmp_path / "req.json"
     req.write_text(json.dumps(CHAT))
-    r = run("record", not_llama_server, "-r", req, "-o", tmp_path / "t.json")
+    r = run("record", not_llama_server, "--request", req, "-o", tmp_path / "t.json")
     assert r.exit_code != 0
     assert "is not a llama.cpp server" in one_error(r)
 

@@ -47,19 +47,35 @@ def test_recover_repairs_each_to_its_committed_twin(tmp_path, name):
     assert counts["placeholder"] + counts["missing"] >= len(report["tokens"]) - 2  # all but tokens outside the loop
 
 
-# Streams of the OpenAI endpoints carry text without token ids for speculative tokens; trace
-# compares ids, so it gives those no verdict yet (a text comparison is issue 13's).
-WITH_IDS = [n for n in TRANSCRIPTS if n not in ("tiny-v1-completions-stream.json", "tiny-v1-chat-stream.json",
-                                                 "tiny-v1-chat-stream-post.json")]
+# streams of the OpenAI endpoints send the text of speculative tokens without their ids
+TEXT_ONLY = ("tiny-v1-completions-stream.json", "tiny-v1-chat-stream.json", "tiny-v1-chat-stream-post.json")
 
 
-@pytest.mark.parametrize("name", WITH_IDS)
+@pytest.mark.parametrize("name", TRANSCRIPTS)
 def test_trace_reproduces_each(name):
     r = run("trace", FIXTURES / "transcripts" / name, "-m", tiny_target(), "-md", tiny_draft(), "--json")
     assert r.exit_code == 0, r.output[-2000:]
     res = json.loads(r.output)
     assert res["reproduced"] is True and res["first_divergence"] is None
+    assert res["compared"] == ("text" if name in TEXT_ONLY else "token ids")
     assert res["draft_n"] == res["server_draft_n"] > 0
+
+
+def test_a_stream_is_compared_chunk_by_chunk(tmp_path):
+    """Two chunks' texts swapped: the same text in the end, but not chunk for chunk."""
+    t = json.loads((FIXTURES / "transcripts" / "tiny-v1-chat-stream.json").read_text())
+    events = [json.loads(e) if e != "[DONE]" else e for e in t["events"]]
+    texts = [k for k, e in enumerate(events) if isinstance(e, dict) and e.get("choices")
+             and (e["choices"][0].get("delta") or {}).get("content")]
+    a, b = texts[3], texts[4]
+    da, db = events[a]["choices"][0]["delta"], events[b]["choices"][0]["delta"]
+    assert da["content"] != db["content"]
+    da["content"], db["content"] = db["content"], da["content"]
+    t["events"] = [json.dumps(e) if isinstance(e, dict) else e for e in events]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    res = json.loads(run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--json").output)
+    assert res["reproduced"] is False and res["compared"] == "text" and res["first_divergence"] == 3
 
 
 def test_the_python_api_returns_what_the_command_writes():
@@ -122,7 +138,6 @@ def test_trace_of_a_transcript_from_another_model(tmp_path):
 @pytest.mark.parametrize("types,extra,expected", [
     (["draft-eagle3"], [], "draft-eagle3 cannot be replayed"),
     (["draft-simple"], [], "needs the draft model"),
-    ([], [], "no speculative type"),
 ])
 def test_unreplayable_transcripts_say_what_is_missing(tmp_path, types, extra, expected):
     t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
@@ -139,3 +154,15 @@ def test_a_request_without_a_fixed_seed_cannot_be_traced(tmp_path):
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
     assert "no fixed seed" in one_error(run("trace", p, "-m", tiny_target(), "-md", tiny_draft()))
+
+
+def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_and_says_so(tmp_path):
+    t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    t["server"]["speculative"]["types"] = []
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    r = run("trace", p, "-m", tiny_target(), "--json")
+    res = json.loads(r.output)
+    assert r.exit_code == 1 and res["first_divergence"] is None  # sample-and-match emits the plain tokens
+    assert res["draft_n"] == 0 and res["server_draft_n"] == 36
+    assert any("pass its --spec-type" in n for n in res["notes"])

@@ -30,7 +30,7 @@ COMPLETION = {
 
 
 def _record(server, endpoint, body):
-    return record_one(server.url, RequestItem(endpoint, body), server.config.speculative())
+    return record_one(server.url, RequestItem(endpoint, body), server.config.flags_block())
 
 
 def _generated_ids(t):
@@ -79,7 +79,7 @@ def test_transcript_prompt_ids_match_what_the_server_evaluated(self_draft_server
     assert t["server"]["build_info"].startswith("b11434-")
     assert t["response"]["system_fingerprint"].startswith("b11434-")
     assert t["server"]["speculative"]["types"] == ["draft-simple"]
-    assert t["added_fields"] == ["cache_prompt"] and t["request"]["cache_prompt"] is False
+    assert t["added_fields"] == ["cache_prompt", "return_tokens", "verbose"] and t["request"]["cache_prompt"] is False
 
 
 def test_streamed_speculative_tokens_carry_no_probabilities(self_draft_server, plain_server):

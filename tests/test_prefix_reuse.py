@@ -91,7 +91,7 @@ def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
 
 
 def _record(server, cache_prompt: bool, path: Path) -> list[dict]:
-    info = server.config.speculative() if server.config.get("draft_model") else {}
+    info = server.config.flags_block() if server.config.get("draft_model") else {}
     ts = []
     for k, q in enumerate(QUESTIONS):
         body = {"prompt": f"{SYSTEM}\nQ: {q}\nA:", "n_predict": 24, "n_probs": 5, "temperature": 0.8,

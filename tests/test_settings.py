@@ -11,7 +11,7 @@ from cli_helpers import run
 
 from replay.cli import main
 from replay.llamacpp.process import ServerConfig
-from replay.settings import BY_ATTR, SETTINGS, describe, resolve, rows, transcript_block
+from replay.settings import BY_ATTR, SETTINGS, describe, flags_block, recorded_flags, resolve, rows
 
 
 def _server_options(command: str) -> dict[str, tuple[str, ...]]:
@@ -20,9 +20,9 @@ def _server_options(command: str) -> dict[str, tuple[str, ...]]:
     return {p.name: tuple(p.opts) for p in cmd.params if p.name in BY_ATTR}
 
 
-@pytest.mark.parametrize("command,groups", [("record", ("speculative", "context")),
-                                            ("trace", ("speculative", "context")),
-                                            ("recover", ("context",)), ("diff", ("context",))])
+@pytest.mark.parametrize("command,groups", [("record", ("speculative", "context", "sampling")),
+                                            ("trace", ("speculative", "context", "sampling")),
+                                            ("recover", ("context", "sampling")), ("diff", ("context", "sampling"))])
 def test_every_command_takes_the_server_flags_as_the_table_spells_them(command, groups):
     assert _server_options(command) == {s.attr: s.names for s in rows(*groups)}
 
@@ -38,16 +38,16 @@ def test_record_and_trace_share_the_ngram_spellings():
 
 
 def test_flags_resolve_over_props_over_the_transcript_over_the_defaults():
-    transcript = {"types": ["ngram-mod"], "n_ctx": 512, "ngram": {"mod-n-match": "20"}}
+    recorded = recorded_flags({"--spec-type": ["ngram-mod"], "--ctx-size": 512, "--spec-ngram-mod-n-match": "20"}, None)
     props = {"default_generation_settings": {"n_ctx": 256}}
-    spec = resolve("speculative", flags={"ngram_mod_n_max": 32}, transcript=transcript, props=props)
-    ctx = resolve("context", flags={"n_batch": 64}, transcript=transcript, props=props)
+    spec = resolve("speculative", flags={"ngram_mod_n_max": 32}, recorded=recorded, props=props)
+    ctx = resolve("context", flags={"n_batch": 64}, recorded=recorded, props=props)
     assert (spec.spec_types, spec.ngram_mod_n_match, spec.ngram_mod_n_max, spec.ngram_mod_n_min) == \
         (("ngram-mod",), 20, 32, 48)
-    assert spec.sources["spec_types"] == "transcript" and spec.sources["ngram_mod_n_max"] == "flag"
+    assert spec.sources["spec_types"] == "server.flags" and spec.sources["ngram_mod_n_max"] == "command line"
     assert (ctx.n_ctx, ctx.sources["n_ctx"]) == (256, "/props")  # what the server reported it ran with
-    assert (ctx.n_batch, ctx.sources["n_batch"], ctx.n_ubatch, ctx.sources["n_ubatch"]) == (64, "flag", 512, "default")
-    assert ("--spec-ngram-mod-n-match", 20, "transcript") in describe(spec)
+    assert (ctx.n_batch, ctx.sources["n_batch"], ctx.n_ubatch, ctx.sources["n_ubatch"]) == (64, "command line", 512, "default")
+    assert ("--spec-ngram-mod-n-match", 20, "server.flags") in describe(spec)
 
 
 def test_profile_defaults_and_builds_are_columns_of_the_table():
@@ -55,15 +55,31 @@ def test_profile_defaults_and_builds_are_columns_of_the_table():
     assert resolve("speculative", profile="0c1e570").draft_n_max == 3
 
 
-def test_a_transcript_block_reads_back_as_the_same_config():
+def test_the_transcript_keeps_the_servers_flags_by_their_spelling_and_reads_them_back():
     given = {"spec_types": ("ngram-mod", "draft-simple"), "draft_model": "d.gguf", "ngram_mod_n_match": 20,
-             "draft_n_max": 5, "n_ctx": 256, "flash_attn": "off"}
-    block = json.loads(json.dumps(transcript_block(given)))  # as it is stored
-    spec = resolve("speculative", transcript=block)
-    ctx = resolve("context", transcript=block)
-    assert {k: v for k, v in spec.given().items()} == {k: v for k, v in given.items() if k in spec.given()}
+             "draft_n_max": 5, "n_ctx": 256, "flash_attn": "off", "top_k": 8}
+    block = json.loads(json.dumps(flags_block(given)))  # as it is stored
+    assert block == {"--spec-type": ["ngram-mod", "draft-simple"], "--spec-draft-model": "d.gguf",
+                     "--spec-draft-n-max": 5, "--spec-ngram-mod-n-match": 20, "--ctx-size": 256,
+                     "--flash-attn": "off", "--top-k": 8}
+    recorded = recorded_flags(block, None)
+    spec = resolve("speculative", recorded=recorded)
+    ctx = resolve("context", recorded=recorded)
+    assert spec.given() == {k: v for k, v in given.items() if k in spec.given()} and len(spec.given()) == 4
     assert (ctx.n_ctx, ctx.flash_attn) == (256, "off")
-    assert block["ngram"] == {"mod-n-match": 20} and block["types"] == ["ngram-mod", "draft-simple"]
+
+
+def test_transcripts_recorded_before_server_flags_still_read():
+    legacy = {"types": ["draft-simple"], "draft_model": "d.gguf", "draft_sampling": "greedy", "draft_n_max": None,
+              "ngram": {"mod-n-match": "20"}, "n_ctx": 256, "n_parallel": 1, "threads": 2}
+    assert recorded_flags(None, legacy) == {"--spec-type": ("draft-simple",), "--spec-draft-model": "d.gguf",
+                                            "--spec-draft-sampling": "greedy", "--spec-ngram-mod-n-match": 20,
+                                            "--ctx-size": 256, "--threads": 2, "--parallel": 1}
+
+
+def test_an_unknown_recorded_flag_is_refused_by_name():
+    with pytest.raises(ValueError, match="'--frobnicate' is not a llama-server flag"):
+        recorded_flags({"--frobnicate": 1}, None)
 
 
 @pytest.mark.parametrize("attr,value,message", [("draft_n_max", "three", "--spec-draft-n-max takes an integer"),

@@ -51,7 +51,7 @@ def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft,
     drafted = accepted = 0
     for seed in SEEDS:
         body = {"prompt": prompt, "n_predict": n_predict, "n_probs": 1, "temperature": temp, "seed": seed}
-        t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
+        t = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
         path = tmp_path / f"{seed}.json"
         path.write_text(dumps(t))
         args = ["trace", str(path), "-m", str(model), "--json"] + (["-md", str(draft)] if draft else [])
@@ -83,7 +83,7 @@ def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, 
     srv = start_server(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",),
                                       draft_sampling="probabilistic"))
     t = record_one(srv.url, RequestItem("/completion", {"prompt": "Once upon a time", "n_predict": 16,
-                                                        "temperature": 1, "seed": 3}), srv.config.speculative())
+                                                        "temperature": 1, "seed": 3}), srv.config.flags_block())
     path = tmp_path / "t.json"
     path.write_text(dumps(t))
     r = CliRunner().invoke(main, ["trace", str(path), "-m", str(smollm2), "-md", str(smollm2_draft), "--json"])
@@ -112,7 +112,7 @@ def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, 
     with LlamaServer(ServerConfig(smollm2, draft_model=draft, spec_types=types), binary=server_0c1e570.server) as srv:
         for seed in SEEDS:
             body = {"prompt": prompt, "n_predict": 24 if draft else 48, "n_probs": 1, "temperature": temp, "seed": seed}
-            t = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())
+            t = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
             assert t["server"]["build_info"] == "b0-0c1e570"
             lines.append(json.dumps(t))
     jsonl = tmp_path / "all.jsonl"

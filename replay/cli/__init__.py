@@ -69,7 +69,7 @@ def main() -> None:
 
     \b
     spec-replay check URL                  does the server send placeholder logprobs?
-    spec-replay record URL -r req.json -o t.json     record a replayable transcript
+    spec-replay record URL --request req.json -o t.json     record a replayable transcript
     spec-replay recover t.json -m target.gguf -o fixed.json   recover the real logprobs
     spec-replay trace t.json -m target.gguf -md draft.gguf    replay the loop step by step
     spec-replay patch --source ~/llama.cpp -o fix.patch       a server that reports real probs

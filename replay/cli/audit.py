@@ -21,12 +21,12 @@ def _token_rows(tokens: list[dict]) -> str:
 @main.command()
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--n-predict", default=48, show_default=True)
+@click.option("--n-predict", "probe_tokens", default=48, show_default=True, help="tokens the probe request asks for")
 @click.option("--n-probs", default=3, show_default=True)
 @click.option("--prompt", default=None, help="probe prompt (default: a repetitive sentence)")
 @server_flags("speculative", exclude=("draft_model",))
 @handle_errors
-def check(url: str, as_json: bool, n_predict: int, n_probs: int, prompt: str | None, **flags) -> None:
+def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, **flags) -> None:
     """Audit a running llama-server for placeholder probabilities.
 
     Exit 0: every token carries real probabilities; 1: placeholders found;
@@ -41,7 +41,7 @@ def check(url: str, as_json: bool, n_predict: int, n_probs: int, prompt: str | N
     """
     from ..llamacpp.audit import PROBE_PROMPT
     from ..llamacpp.audit import check as run_check
-    res = run_check(url, n_predict=n_predict, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
+    res = run_check(url, n_predict=probe_tokens, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
                     expected=given_flags(flags))
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))

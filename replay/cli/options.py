@@ -31,13 +31,16 @@ class _SettingType(click.ParamType):
 
 
 def _option(s: Setting) -> Callable:
-    default = s.default if s.kind != "list" else ",".join(s.default) or "none"
+    default = s.default if s.kind not in ("list", "strings") else ",".join(map(repr, s.default)) or "none"
     help_ = f"{s.help} (llama-server default: {default})"
     if s.profiles != ("b11434", "0c1e570"):
         help_ += f"; builds: {', '.join(s.profiles)}"
     metavar = s.metavar or ("[" + "|".join(s.choices) + "]" if s.choices else None)
-    if s.kind == "list":
-        return click.option(*s.names, s.attr, type=_SettingType(s), multiple=True, metavar=metavar, help=help_)
+    if s.kind == "flag":
+        return click.option(*s.names, s.attr, is_flag=True, default=None, help=help_)
+    if s.kind in ("list", "strings"):
+        kind = _SettingType(s) if s.kind == "list" else click.STRING
+        return click.option(*s.names, s.attr, type=kind, multiple=True, metavar=metavar, help=help_)
     return click.option(*s.names, s.attr, type=_SettingType(s), default=None, metavar=metavar, help=help_)
 
 
@@ -59,6 +62,8 @@ def given_flags(kwargs: dict) -> dict[str, Any]:
         v = kwargs.pop(attr)
         if BY_ATTR[attr].kind == "list":
             v = tuple(x for part in v for x in part) or None
+        elif BY_ATTR[attr].kind == "strings":
+            v = tuple(v) or None
         if v is not None:
             out[attr] = v
     return out

@@ -8,14 +8,14 @@ from pathlib import Path
 import click
 
 from ..errors import SpecReplayError, TranscriptError
-from ..settings import transcript_block
+from ..settings import flags_block
 from . import handle_errors, main
 from .options import given_flags, server_flags
 
 
 @main.command()
 @click.argument("url")
-@click.option("-r", "--request", "request_file", type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--request", "request_file", type=click.Path(dir_okay=False, allow_dash=True),
               help="JSON request body ('-' for stdin)")
 @click.option("--requests", "requests_file", type=click.Path(dir_okay=False, exists=True),
               help="JSONL file, one request per line (a body, or {\"endpoint\":..., \"request\":...})")
@@ -24,7 +24,7 @@ from .options import given_flags, server_flags
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="transcript file (.json for one request, .jsonl for --requests)")
 @click.option("--force", is_flag=True, help="overwrite an existing output file")
-@server_flags("speculative", "context")
+@server_flags("speculative", "context", "sampling")
 @handle_errors
 def record(url: str, request_file: str | None, requests_file: str | None, endpoint: str, output: str, force: bool,
            **flags) -> None:
@@ -37,7 +37,7 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
     /completion) unless the request sets them.
 
     \b
-    spec-replay record http://127.0.0.1:8080 -r req.json -o t.json \\
+    spec-replay record http://127.0.0.1:8080 --request req.json -o t.json \\
         --spec-type draft-simple -md draft.gguf
     spec-replay record http://127.0.0.1:8080 --requests reqs.jsonl -e /completion -o runs.jsonl
     """
@@ -55,7 +55,7 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
         raise click.UsageError("give exactly one of --request and --requests")
     out = Path(output)
     refuse_existing(out, force)
-    spec = transcript_block(given_flags(flags))
+    recorded = flags_block(given_flags(flags))
     snapshot = server_snapshot(url)
     if request_file:
         text = sys.stdin.read() if request_file == "-" else read_text_file(request_file)
@@ -63,7 +63,7 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
             obj = json.loads(text)
         except ValueError as e:
             raise TranscriptError(f"invalid JSON ({e})", source=request_file) from e
-        t = record_one(url, make_item(obj, endpoint, request_file), spec, snapshot=snapshot)
+        t = record_one(url, make_item(obj, endpoint, request_file), recorded, snapshot=snapshot)
         write_atomic(out, dumps(t) + "\n", force=force)
         click.echo(f"recorded 1 request to {out}", err=True)
         return
@@ -77,7 +77,7 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
                 failed += 1
                 continue
             try:
-                lines.append(dumps(record_one(url, item, spec, snapshot=snapshot), indent=None))
+                lines.append(dumps(record_one(url, item, recorded, snapshot=snapshot), indent=None))
             except TranscriptError as e:
                 click.echo(f"Error: {e}", err=True)
                 failed += 1

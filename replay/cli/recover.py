@@ -32,7 +32,7 @@ def _recover_options(fn):
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
-        server_flags("context"),
+        server_flags("context", "sampling"),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -72,6 +72,8 @@ def _show(res: RecoverResult, as_json: bool) -> None:
     if len(res.records) == 1:
         click.echo(token_table(res.records[0]))
         click.echo()
+        if res.records[0].settings:
+            click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in res.records[0].settings))
     click.echo(summary_table(res))
     for r in res.records:
         for note in r.notes:

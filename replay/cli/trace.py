@@ -21,17 +21,15 @@ from .options import given_flags, server_flags
 @click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
 @click.option("--profile", type=click.Choice(PROFILES),
               help="server loop to replay (default: from the transcript's build_info)")
-@click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt")
-@click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--temp", type=float, default=0.8, show_default=True)
-@click.option("-n", "--n-predict", type=int, default=32, show_default=True)
+@click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt, as a /completion "
+                              "request that sets nothing (the server flags below apply; --seed defaults to 1 and "
+                              "-n to 32 there)")
 @click.option("--steps", "steps_range", help="only show steps a:b")
 @click.option("--json", "as_json", is_flag=True, help="the full trace as JSON")
 @click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
-@server_flags("speculative", "context")
+@server_flags("speculative", "context", "sampling")
 @handle_errors
-def trace(transcript, model, request_file, profile, prompt, seed, temp, n_predict, steps_range, as_json, verbose,
-          **flags) -> None:
+def trace(transcript, model, request_file, profile, prompt, steps_range, as_json, verbose, **flags) -> None:
     """Replay llama-server's speculative loop step by step and check it against a transcript.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
@@ -45,7 +43,7 @@ def trace(transcript, model, request_file, profile, prompt, seed, temp, n_predic
     \b
     spec-replay trace run.json -m target.gguf -md draft.gguf
     spec-replay trace run.json -m target.gguf -md draft.gguf --json | jq .reproduced
-    spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3
+    spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3 --temp 1
     """
     from ..runtime.gguf import check_gguf
     from ..runtime.llama import Model, set_verbose
@@ -71,8 +69,7 @@ def trace(transcript, model, request_file, profile, prompt, seed, temp, n_predic
                 results.append((rec, res))
                 advance(len(results))
     else:
-        results.append((None, trace_prompt(target, prompt, seed=seed, temp=temp, n_predict=n_predict, flags=flags,
-                                           profile=profile, drafts=drafts)))
+        results.append((None, trace_prompt(target, prompt, flags=flags, profile=profile, drafts=drafts)))
     piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
     if as_json:
         if len(results) == 1:
@@ -118,15 +115,18 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
     click.echo()
     click.echo(f"drafted {res.draft_n}, accepted {res.draft_n_accepted}" +
                (f" (server: {res.server_draft_n}, {res.server_draft_n_accepted})" if res.server_draft_n is not None else ""))
-    if res.recorded is not None:
+    if res.compared is not None:
+        basis = "" if res.compared == "token ids" else \
+            " (compared the text, chunk by chunk in a stream: the transcript lacks some token ids)"
         if res.reproduced:
-            click.echo(f"reproduced: all {len(res.recorded)} tokens and the draft totals match the transcript")
+            click.echo(f"reproduced: all {len(res.emitted)} tokens and the draft totals match the transcript{basis}")
         elif res.first_divergence is not None:
             i = res.first_divergence
             ours = res.emitted[i] if i < len(res.emitted) else None
-            theirs = res.recorded[i] if i < len(res.recorded) else None
-            click.echo(f"first divergence at token {i}: trace {piece(ours.id) if ours else '(ended)'!r}, "
-                       f"transcript {piece(theirs) if theirs is not None else '(ended)'!r}")
+            theirs = res.recorded[i] if res.recorded is not None and i < len(res.recorded) else None
+            where = f"transcript {piece(theirs) if theirs is not None else '(ended)'!r}" if res.recorded is not None \
+                else "the transcript's text differs there"
+            click.echo(f"first divergence at token {i}: trace {piece(ours.id) if ours else '(ended)'!r}, {where}{basis}")
             if ours:
                 click.echo("  trace candidates (post-sampling p): " +
                            ", ".join(f"{piece(t)!r} {p:.3f}" for t, p in ours.post_top[:5]))
@@ -135,7 +135,12 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
                            ", ".join(f"{piece(t)!r} {lp:.3f}" for t, lp in res.server_candidates[:5]))
             elif theirs is not None:
                 click.echo("  server candidates: none sent for that token (placeholder or missing)")
+            if res.explanation is not None:
+                click.echo(f"  divergence: {res.explanation.text}")
         else:
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
+    described = res.described()
+    if described:
+        click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in described))
     for note in res.notes:
         click.echo(f"note: {note}")

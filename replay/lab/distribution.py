@@ -106,9 +106,14 @@ def chi_square(counts: dict[int, int], reference: dict[int, float]) -> tuple[flo
 
 # --- the reference ---------------------------------------------------------------------------
 
+def _settings(seed: int):
+    """The lab's request (SAMPLING, the seed, N_PREDICT) on a server with default flags."""
+    from ..settings.sampling import effective, server_sampling
+    return effective("/completion", {**SAMPLING, "seed": seed, "n_predict": N_PREDICT}, server_sampling())
+
+
 def _params(seed: int):
-    from ..runtime.sampler import SamplingParams
-    return SamplingParams.from_request("/completion", {**SAMPLING, "seed": seed})
+    return _settings(seed).params
 
 
 def _after(model, seqs: list[list[int]]) -> list[tuple[np.ndarray, "Dist"]]:
@@ -213,12 +218,12 @@ def _trace_init(target: str, draft: str) -> None:
 
 
 def _trace_seed(args: tuple[list[int], str, int]) -> tuple[int, tuple[int, ...]]:
-    from ..loop.loop import Limits, SpeculativeLoop
+    from ..loop.loop import SpeculativeLoop
     from ..settings import resolve
     ids, sampling, seed = args
     spec = resolve("speculative", flags={"spec_types": ("draft-simple",), "draft_sampling": sampling})
-    loop = SpeculativeLoop(_worker["target"], ids, _params(seed), spec, profile="b11434",
-                           limits=Limits(n_ctx=N_CTX, n_predict=N_PREDICT), draft=_worker["draft"], threads=1)
+    loop = SpeculativeLoop(_worker["target"], ids, _settings(seed), spec, profile="b11434", n_ctx=N_CTX,
+                           draft=_worker["draft"], threads=1)
     try:
         for _step in loop.steps():
             if len(loop.emitted) >= 2:

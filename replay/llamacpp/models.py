@@ -8,7 +8,9 @@ tokens (real rejections). Nothing here is ever written into the repository.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -84,6 +86,39 @@ def smollm2_draft(quantize: Path | None = None) -> Path:
             last = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
             raise BuildError(f"llama-quantize failed making the SmolLM2 draft: {last}")
         _atomic_place(out, dst)
+    return dst
+
+
+def with_sampling_defaults(src: Path, dst: Path, defaults: dict[str, int | float | str]) -> Path:
+    """A copy of the GGUF `src` with general.sampling.* keys (e.g. {"top_k": 12, "top_p": 0.9,
+    "sequence": "top_k;temperature"}), as converters write them from generation_config.json: ints as
+    int32, floats as float32, the sequence as a string (gguf-py's gguf_new_metadata does the copy)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata, get_field_data
+    kinds = {int: gguf.GGUFValueType.INT32, float: gguf.GGUFValueType.FLOAT32, str: gguf.GGUFValueType.STRING}
+    new = {f"general.sampling.{k}": MetadataDetails(kinds[type(v)], v) for k, v in defaults.items()}
+    reader = gguf.GGUFReader(src, "r")
+    tmp = dst.with_name(dst.name + ".part")
+    writer = gguf.GGUFWriter(tmp, arch=get_field_data(reader, gguf.Keys.General.ARCHITECTURE),
+                             endianess=reader.endianess)
+    alignment = get_field_data(reader, gguf.Keys.General.ALIGNMENT)
+    if alignment is not None:
+        writer.data_alignment = alignment
+    with contextlib.redirect_stderr(io.StringIO()):  # gguf-py draws a progress bar
+        copy_with_new_metadata(reader, writer, new, [])
+    _atomic_place(tmp, dst)
+    return dst
+
+
+# the sampling defaults the field tests put in SmolLM2's file (a converted model's generation_config)
+SMOLLM2_FILE_DEFAULTS = {"top_k": 12, "top_p": 0.9, "penalty_repeat": 1.05, "min_p": 0.0}
+
+
+def smollm2_with_defaults() -> Path:
+    """SmolLM2 with general.sampling.* keys (SMOLLM2_FILE_DEFAULTS), made once in the cache."""
+    dst = models_dir() / "SmolLM2-135M-Instruct.Q4_1-sampling-defaults.gguf"
+    if not dst.is_file():
+        with_sampling_defaults(smollm2(), dst, SMOLLM2_FILE_DEFAULTS)
     return dst
 
 

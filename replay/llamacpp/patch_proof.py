@@ -129,7 +129,7 @@ class Row:
 
 
 def _record(srv: LlamaServer, setup: Setup, endpoint: str, body: dict) -> Record:
-    t = record_one(srv.url, RequestItem(endpoint, body), srv.config.speculative())
+    t = record_one(srv.url, RequestItem(endpoint, body), srv.config.flags_block())
     return read_text(dumps(t), f"{setup.name} {endpoint}")[0]
 
 
@@ -256,7 +256,7 @@ def check_no_probs(patched: Binaries, unpatched: Binaries, setups: list[Setup], 
                 out = []
                 for seed in seeds:
                     body = setup.body("/completion", seed, stream=False, mode=None, n_probs=0)
-                    r = record_one(srv.url, RequestItem("/completion", body), srv.config.speculative())["response"]
+                    r = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())["response"]
                     t = r.get("timings") or {}
                     out.append((r.get("tokens"), r.get("content"), t.get("draft_n"), t.get("draft_n_accepted")))
                 answers.append(out)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ServerError
-from ..settings import BY_ATTR, SETTINGS, transcript_block
+from ..settings import BY_ATTR, SETTINGS, flags_block
 from .http import get_json
 
 _live: set[subprocess.Popen] = set()
@@ -105,9 +105,9 @@ class ServerConfig:
                 a += [s.flag, str(v)]
         return a + list(self.extra_args)
 
-    def speculative(self) -> dict:
-        """The transcript's `server.speculative` block: the flags the HTTP API does not expose."""
-        return transcript_block(self.flags)
+    def flags_block(self) -> dict:
+        """The transcript's `server.flags`: the flags the HTTP API does not expose."""
+        return flags_block(self.flags)
 
 
 class LlamaServer:

@@ -120,9 +120,9 @@ def server_snapshot(url: str) -> dict:
     return {"url": url, "build_info": props.get("build_info"), "props": props, "slots": slots}
 
 
-def record_one(url: str, item: RequestItem, speculative: dict, *, snapshot: dict | None = None) -> dict:
-    """Send one request and return its transcript. `speculative` is the transcript's
-    `server.speculative` block: the flags the server was started with (settings.transcript_block)."""
+def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | None = None) -> dict:
+    """Send one request and return its transcript. `flags` is the transcript's `server.flags`: the
+    flags the server was started with, by llama-server's spelling (settings.flags_block)."""
     body = dict(item.body)
     added = []
     # trace replays the loop from a fresh prompt evaluation, so a request that reused the slot's
@@ -131,9 +131,14 @@ def record_one(url: str, item: RequestItem, speculative: dict, *, snapshot: dict
     if "cache_prompt" not in body:
         body["cache_prompt"] = False
         added.append("cache_prompt")
-    if item.endpoint == "/completion" and "return_tokens" not in body:
+    # the generated ids; on the OpenAI endpoints they (and the settings the server used, its grammar
+    # among them) come back only under "__verbose" (tools/server/server-task.cpp:404-455)
+    if "return_tokens" not in body:
         body["return_tokens"] = True
         added.append("return_tokens")
+    if item.endpoint != "/completion" and "verbose" not in body:
+        body["verbose"] = True
+        added.append("verbose")
     snap = snapshot or server_snapshot(url)
     prompt_ids = prompt_token_ids(url, item.endpoint, body)
     stream = bool(body.get("stream"))
@@ -142,7 +147,7 @@ def record_one(url: str, item: RequestItem, speculative: dict, *, snapshot: dict
         "endpoint": item.endpoint, "request": body, "added_fields": added, "stream": stream,
         "response": None, "events": None,
         "prompt_tokens": prompt_ids, "prompt_tokens_checked_against": None,
-        "server": {**snap, "speculative": speculative},
+        "server": {**snap, "flags": flags},
     }
     if stream:
         t["events"] = list(post_sse(url, item.endpoint, body))

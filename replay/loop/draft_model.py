@@ -9,12 +9,22 @@ Greedy: chain [suppress] -> top_k(10) -> dist; the draft is cur_p[0] (argmax).
 Probabilistic (b11434, temp > 0): chain [suppress] -> top_k(10) -> temp_ext(temp) ->
 dist(S ^ 0x85ebca6b), fresh at each request (begin() resets it); the draft is the sampled token,
 q its cur_p (SERVER_LOOP.md 3.5).
+
+The draft sampler belongs to the server's slot, not to the request (common/speculative.cpp:35-70,
+273-302): it is retuned only when a probabilistic request's (temp, seed) differ from the last
+one's, so a temperature-0 request after a probabilistic one drafts with that earlier request's
+temperature (the argmax is the same; the --spec-draft-p-min test sees other probabilities).
+`slot` carries that across requests.
+
+The server drafts only with a draft model whose vocabulary matches the target's
+(`compatibility`, common/speculative.cpp:106-174); otherwise it runs without speculation at all.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
+import llama_cpp as L
 import numpy as np
 
 from ..numerics.rng import DRAFT_SEED_XOR
@@ -22,6 +32,27 @@ from ..runtime.llama import Context, Model
 from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
 
 DRAFT_TOP_K = 10  # common/speculative.cpp:273-281
+VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp:30
+VOCAB_CHECK_START_TOKEN_ID = 5  # common/speculative.cpp:31
+RETUNE = "draft-simple retune"  # the slot's (temp, seed) of the draft sampler's last retune
+
+
+def compatibility(target: Model, draft: Model) -> str | None:
+    """Why the server would refuse `draft` as the target's draft model, or None
+    (common_speculative_are_compatible, common/speculative.cpp:106-174)."""
+    tv, dv = target.vocab, draft.vocab
+    if L.llama_vocab_type(tv) != L.llama_vocab_type(dv):
+        return "the draft's vocabulary type differs from the target's"
+    for name, add, tok in (("BOS", L.llama_vocab_get_add_bos, L.llama_vocab_bos),
+                           ("EOS", L.llama_vocab_get_add_eos, L.llama_vocab_eos)):
+        if add(tv) != add(dv) or (add(tv) and tok(tv) != tok(dv)):
+            return f"the draft's {name} token differs from the target's"
+    if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
+        return f"the vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE} ({target.n_vocab} vs {draft.n_vocab})"
+    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
+        if L.llama_vocab_get_text(tv, i) != L.llama_vocab_get_text(dv, i):
+            return f"token {i} differs between the draft's vocabulary and the target's"
+    return None
 
 
 @dataclass
@@ -33,6 +64,7 @@ class DraftContext:
     profile: str
     temp: float
     seed: int
+    slot: dict = field(default_factory=dict)  # server state of this slot (RETUNE)
 
     def drafter(self, spec) -> "DraftSimple":
         return DraftSimple(self, spec)
@@ -47,19 +79,29 @@ class DraftSimple:
     name = "draft-simple"
 
     def __init__(self, source: DraftContext, spec):
-        self.ctx, self.spec = source.ctx, spec
+        self.source, self.ctx, self.spec = source, source.ctx, spec
         # 0c1e570 has no probabilistic drafting and resets the (argmax) sampler every step,
         # [0c1e570] common/speculative.cpp:326; with argmax drafting the reset changes nothing
-        self.probabilistic = (source.profile == "b11434" and spec.draft_sampling == "probabilistic"
-                              and source.temp > 0)
-        if self.probabilistic:
-            s = LLAMA_DEFAULT_SEED if source.seed == LLAMA_DEFAULT_SEED else (source.seed ^ DRAFT_SEED_XOR)
-            params = SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K, temp=source.temp, seed=s)
-        else:
-            params = SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K, seed=LLAMA_DEFAULT_SEED)
-        self.chain = SamplerChain(source.model, params)
+        self.probabilistic_server = source.profile == "b11434" and spec.draft_sampling == "probabilistic"
+        self.probabilistic = self.probabilistic_server and source.temp > 0
+        self.chain: SamplerChain | None = None  # made at the first draft of the request, as the server retunes
         # q of the last draft: the draft chain's candidates (ids, p) at each drafted position
         self.last_q: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    def _make_chain(self) -> SamplerChain:
+        """The slot's draft sampler for this request: retuned to the request's (temp, seed) when it
+        drafts probabilistically, else as the slot's last retune left it (module docstring)."""
+        slot = self.source.slot
+        if self.probabilistic:
+            slot[RETUNE] = (self.source.temp, self.source.seed)  # spec_retune (:35-70)
+        tuned = slot.get(RETUNE) if self.probabilistic_server else None
+        if tuned is None:
+            return SamplerChain(self.source.model, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K,
+                                                                  seed=LLAMA_DEFAULT_SEED))
+        temp, seed = tuned
+        s = LLAMA_DEFAULT_SEED if seed == LLAMA_DEFAULT_SEED else (seed ^ DRAFT_SEED_XOR)
+        return SamplerChain(self.source.model, SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K,
+                                                              temp=temp, seed=s))
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass
@@ -68,6 +110,8 @@ class DraftSimple:
         """common/speculative.cpp:350-472: decode [id_last], then sample/argmax and decode one token
         at a time until draft.n_max (or the step's n_max) tokens, or cur_p[0].p < p_min."""
         ctx, spec = self.ctx, self.spec
+        if self.chain is None:
+            self.chain = self._make_chain()
         pos0 = len(inp)
         ctx.decode([id_last], pos0, [True])
         out: list[int] = []
@@ -94,4 +138,5 @@ class DraftSimple:
         pass
 
     def close(self) -> None:
-        self.chain.close()
+        if self.chain is not None:
+            self.chain.close()

@@ -200,7 +200,9 @@ class NgramMap:
         cleanup = self.size_last_begin
         if cleanup > size_begin:
             cleanup = size_begin - n - m if size_begin > n + m else 0
-        if self.key_map and size_begin < self.idx_last_check:
+        # upstream's key_map is a vector of 2^18 entries, never empty (common/ngram-map.h:76), so this
+        # runs whenever the prompt is shorter than the last checked size (common/ngram-map.cpp:139-169)
+        if size_begin < self.idx_last_check:
             self.key_map = {h: k for h, k in self.key_map.items() if not (k != 0 and k >= cleanup)}
             self.key_map_last_idx = cleanup - 1 if cleanup > 0 else 0
         if size_begin < self.idx_last_check and self.keys:

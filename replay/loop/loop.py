@@ -13,8 +13,8 @@ One request on a fresh single-slot server (`-np 1`), as tools/server/server-cont
       verify   rejection if the draft is probabilistic and temp > 0 (b11434), else
                sample-and-match; then the bonus token if every draft was kept (verify.py)
       trim     KV of the positions after the accepted drafts goes, on both contexts    :4342-4348
-      emit     the step's tokens through the stop rules (n_predict, EOG, stop strings); the
-               rest of a step's tokens are dropped once one stops generation          :4350-4368
+      emit     the step's tokens through the stop rules (stop strings, the context, n_predict,
+               EOG); the rest of a step's tokens are dropped once one stops generation :4350-4368
     no draft   a normal step: [sampled] alone, one sample (real probabilities)
 
 Every emitted token carries the values a fixed server would report: the pre-sampling softmax
@@ -22,7 +22,7 @@ of the verify row that scored it, and the post-sampling candidates of the target
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -31,18 +31,15 @@ from ..errors import TranscriptError
 from ..numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
 from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
-from ..runtime.sampler import (
-    LLAMA_DEFAULT_SEED,
-    SamplerChain,
-    SamplingParams,
-    post_sampling,
-)
-from .draft_model import DraftContext, DraftSimple
+from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
+from ..settings.sampling import Effective
+from .draft_model import DraftContext, DraftSimple, compatibility
 from .drafters import Drafter, make_drafters
 from .profiles import check_replayable
 from .verify import match_continues, rejection_step
 
 Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
+CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
 
 
 @dataclass
@@ -56,6 +53,12 @@ class Emitted:
     top: list[tuple[int, float]]
     post_prob: float
     post_top: list[tuple[int, float]]
+    # how it was chosen, for explaining a divergence (trace/divergence.py): the chain pass that scored
+    # its row (1-based), that pass's candidates (ids and p, in order), and the verifier's rule
+    draw: int = 0
+    cands: np.ndarray | None = field(default=None, repr=False)
+    how: str = "sampled"  # "sampled" | "accepted" (a draft token kept by rejection) | "residual"
+    best_logits: dict[int, float] = field(default_factory=dict, repr=False)  # the row's largest raw logits
 
 
 @dataclass
@@ -88,6 +91,7 @@ class Verified:
 
     ids: list[int] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)  # the verify row that scored each of `ids`
+    how: list[tuple[int, str]] = field(default_factory=list)  # (chain pass, rule) that chose each of `ids`
     target_p: list[float] = field(default_factory=list)
     uniforms: list[list[float | None]] = field(default_factory=list)
     resampled: int | None = None
@@ -98,9 +102,20 @@ class Verified:
 class Limits:
     """What ends generation besides end-of-generation tokens (process_token, server-context.cpp:1966-2095)."""
 
-    n_ctx: int
+    n_ctx: int  # the slot's context
     n_predict: int = -1  # -1: no limit
     stop: tuple[str, ...] = ()
+
+    def context_full(self, n_prompt: int, n_before: int, n_step: int) -> bool:
+        """The context stop for every token of a step (server-context.cpp:2018-2026):
+        `prompt.n_tokens() + 1 >= n_ctx`, where at emission the slot holds the prompt, the tokens
+        emitted before this step and all but one of this step's, the same for each of them:
+
+            n_tokens = n_prompt + n_before + n_step - 1
+
+        so a normal step stops after token n_ctx - n_prompt, and a speculative step whose accepted
+        draft fills the context exactly stops after its first token."""
+        return n_prompt + n_before + n_step - 1 + 1 >= self.n_ctx
 
 
 class SpeculativeLoop:
@@ -111,23 +126,38 @@ class SpeculativeLoop:
     consecutive requests.
     """
 
-    def __init__(self, target: Model, prompt: Sequence[int], params: SamplingParams, spec, *, profile: str,
-                 limits: Limits, draft: Model | None = None, n_probs: int = 0, threads: int = 2,
-                 n_batch: int = 2048, n_ubatch: int = 512, server_state: dict | None = None):
+    def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, profile: str, n_ctx: int,
+                 draft: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
+                 n_ubatch: int = 512, server_state: dict | None = None):
         check_replayable(spec, profile, has_draft_model=draft is not None)
+        params = settings.params
         if params.seed == LLAMA_DEFAULT_SEED:
             raise TranscriptError("the request has no fixed seed (seed -1): the server drew a random one, so the "
                                   "run cannot be reproduced; record with an explicit \"seed\"")
-        self.target, self.params, self.limits = target, params, limits
+        self.target, self.params = target, params
+        self.limits = Limits(n_ctx=n_ctx, n_predict=settings.n_predict, stop=settings.stop)
         self.prompt = list(prompt)
         self.n_probs = max(n_probs, 1)
-        ctx_kw = dict(n_ctx=limits.n_ctx, n_batch=min(n_batch, limits.n_ctx), n_ubatch=n_ubatch, n_threads=threads)
+        self.notes: list[str] = []
+        ctx_kw = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_ubatch=n_ubatch, n_threads=threads)
         self.ctx = Context(target, **ctx_kw)
-        self.chain = SamplerChain(target, params)
+        self.chain = SamplerChain(target, params, settings.grammar)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
-        self.draft = (DraftContext(draft, Context(draft, **ctx_kw), profile, params.temp, params.seed)
+        types = [t for t in spec.spec_types if t != "none"]
+        why = compatibility(target, draft) if draft is not None and "draft-simple" in types else None
+        if why is not None:
+            # the server logs "the target and draft vocabs are not compatible" and speculates not at all
+            self.notes.append(f"the server cannot draft with {draft.path.name} ({why}), so it ran without "
+                              "speculation (common_speculative_are_compatible); so does this trace")
+            types, draft = [], None
+        elif not types:
+            self.notes.append("no speculative type: the server did not speculate (b11434 speculates only with "
+                              "--spec-type; -md alone loads the draft and never drafts); traced without drafting")
+        slot = server_state if server_state is not None else {}
+        self.draft = (DraftContext(draft, Context(draft, **ctx_kw), profile, params.temp, params.seed, slot)
                       if draft is not None else None)
-        self.drafters: list[Drafter] = make_drafters(spec, draft_model=self.draft, server_state=server_state)
+        self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
+                                                     server_state=slot)
         self.emitted: list[Emitted] = []
         self.text = b""
         self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
@@ -157,7 +187,7 @@ class SpeculativeLoop:
     def prefill(self) -> Step:
         """The prompt on both contexts, then the first token sampled normally (SERVER_LOOP.md 3.2-3.3)."""
         n_prompt = len(self.prompt)
-        if n_prompt + 1 >= self.limits.n_ctx:
+        if n_prompt >= self.limits.n_ctx:  # the server answers 400 exceed_context_size_error (:3417-3425)
             raise TranscriptError(f"the prompt has {n_prompt} tokens but the context holds {self.limits.n_ctx}")
         for start in range(0, n_prompt, self.ctx.n_batch):
             part = self.prompt[start:start + self.ctx.n_batch]
@@ -170,10 +200,11 @@ class SpeculativeLoop:
             d.begin(self.prompt)
         logits = self.ctx.logits(-1)
         tok, cands = self._sample(logits)
+        draw = self.chain.n_applies
         self.chain.accept(tok)
         self.kv = list(self.prompt)
         self.sampled = tok
-        self.alive = self.emit(tok, 0, logits, cands)
+        self.alive = self.emit(tok, 0, logits, cands, n_before=0, n_step=1, how=(draw, "sampled"))
         return Step(index=0, pos0=n_prompt, sampled=tok, rule="normal", emitted=[tok])
 
     def step(self, index: int) -> Step:
@@ -192,9 +223,10 @@ class SpeculativeLoop:
         self.kv += [sampled] + v.ids[:-1]
         self.sampled = v.ids[-1]
         emitted = []
-        for tok, (logits, cands) in zip(v.ids, v.rows):
+        n_before = len(self.emitted)
+        for tok, (logits, cands), how in zip(v.ids, v.rows, v.how):
             emitted.append(tok)
-            if not self.emit(tok, index, logits, cands):
+            if not self.emit(tok, index, logits, cands, n_before=n_before, n_step=len(v.ids), how=how):
                 self.alive = False
                 break  # the rest of this step's tokens are dropped
         return Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
@@ -236,10 +268,11 @@ class SpeculativeLoop:
             logits = self.ctx.logits(i)
             id_tgt, cands = self._sample(logits)
             qi, qp = q[i]
-            dec = rejection_step(d_tok, cands["id"], cands["p"], qi, qp, id_tgt, lambda: canonical_float(self.rng))
+            dec = rejection_step(d_tok, cands["id"], self._target_p(cands), qi, qp, id_tgt,
+                                 lambda: canonical_float(self.rng))
             v.target_p.append(dec.p)
             v.uniforms.append([dec.u_accept, dec.u_residual])
-            self._keep(v, dec.token, logits, cands)
+            self._keep(v, dec.token, logits, cands, "accepted" if dec.accepted else "residual")
             if not dec.accepted:
                 v.resampled = dec.token
                 return v
@@ -268,12 +301,17 @@ class SpeculativeLoop:
         if self.draft is not None:
             self.draft.ctx.seq_rm(0, keep, -1)
 
-    def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray) -> bool:
+    def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray, *, n_before: int,
+             n_step: int, how: tuple[int, str] = (0, "sampled")) -> bool:
         """Record one emitted token with its true values; False when generation stops after it
-        (process_token, server-context.cpp:1966-2095: stop strings, EOG, n_predict, context)."""
+        (process_token, server-context.cpp:1966-2095: stop strings, the context, n_predict, EOG).
+        `n_before` tokens were emitted before this step, which verified `n_step` (Limits.context_full)."""
         logprob, top = pre_sampling(logits, tok, self.n_probs)
         post_p, post_top = post_sampling(cands, tok, self.n_probs)
-        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top))
+        best = np.argpartition(logits, -4)[-4:] if len(logits) > 4 else np.arange(len(logits))
+        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top, draw=how[0],
+                                    cands=cands[:CANDS_KEPT].copy(), how=how[1],
+                                    best_logits={int(i): float(logits[i]) for i in best} | {tok: float(logits[tok])}))
         self.text += self.target.piece(tok, special=False)
         text = self.text.decode("utf-8", "ignore")
         lim = self.limits
@@ -281,20 +319,32 @@ class SpeculativeLoop:
             return False
         if self.target.is_eog(tok):
             return False
-        if lim.n_predict >= 0 and len(self.emitted) >= lim.n_predict:
+        if lim.context_full(len(self.prompt), n_before, n_step):
             return False
-        if len(self.prompt) + len(self.emitted) + 1 >= lim.n_ctx:
+        if lim.n_predict >= 0 and len(self.emitted) >= lim.n_predict:
             return False
         return True
 
     # --- helpers ---------------------------------------------------------------------------
 
     def _sample(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
-        cands, sel = self.chain.apply(logits)
+        cands, sel = self.chain.sample(logits)
         return int(cands["id"][sel]), cands
 
-    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray) -> None:
+    def _target_p(self, cands: np.ndarray) -> np.ndarray:
+        """The target's p as the rejection verifier sees it: with a grammar, the candidates it rejects
+        get 0 and the rest are rescaled by 1/sum, in float32 (common/sampling.cpp:754-778)."""
+        if self.chain.grammar is None:
+            return cands["p"]
+        valid = np.isfinite(self.chain.grammar.masked(cands)["logit"])
+        p_raw = np.where(valid, cands["p"], np.float32(0)).astype(np.float32)
+        p_sum = np.add.accumulate(p_raw, dtype=np.float32)[-1] if len(p_raw) else np.float32(0)
+        p_norm = np.float32(1) / p_sum if p_sum > 0 else np.float32(1)
+        return (p_raw * p_norm).astype(np.float32)
+
+    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray, how: str = "sampled") -> None:
         """A token the verifier returns: accepted into the chain's history (common_sampler_accept)."""
+        v.how.append((self.chain.n_applies, how))
         self.chain.accept(tok)
         v.ids.append(tok)
         v.rows.append((logits, cands))

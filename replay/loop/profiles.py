@@ -35,15 +35,14 @@ def profile_of(build_info: str | None) -> str | None:
 
 
 def check_replayable(spec, profile: str, *, has_draft_model: bool) -> None:
-    """Refuse, in one line, a configuration this profile's loop cannot replay."""
+    """Refuse, in one line, a configuration this profile's loop cannot replay. No speculative type
+    at all is replayable: the server then decodes one token per step."""
     if profile not in PROFILES:
         raise TranscriptError(f"unknown server profile {profile!r}; known: {', '.join(PROFILES)}")
     if profile == "0c1e570" and spec.draft_sampling == "probabilistic":
         raise TranscriptError("the 0c1e570 server has no --spec-draft-sampling probabilistic (no rejection "
                               "path); this transcript cannot come from it")
     types = [t for t in spec.spec_types if t != "none"]
-    if not types:
-        raise TranscriptError("no speculative type: pass the server's --spec-type (a `record` transcript carries it)")
     for t in types:
         if t in UNSUPPORTED:
             raise TranscriptError(f"--spec-type {t} cannot be replayed: {UNSUPPORTED[t]}")

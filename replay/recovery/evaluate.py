@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import ModelError, TranscriptError
 from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
-from ..runtime.sampler import SamplerChain, SamplingParams, post_sampling
+from ..runtime.sampler import SamplerChain, post_sampling
+from ..settings.sampling import Effective
 from ..transcripts.plan import Gap, Known, PlanItem
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
@@ -67,8 +68,9 @@ class PieceIndex:
             return np.empty(0, dtype=np.int64)
         return np.array([t for t in ids if data.startswith(self.pieces[t])], dtype=np.int64)
 
-    def splittable(self, data: bytes) -> list[bool]:
-        """ok[i]: data[i:] can be written as a sequence of pieces (ok[len] is True).
+    def splittable(self, data: bytes, boundaries: Sequence[bool] | None = None) -> list[bool]:
+        """ok[i]: data[i:] can be written as a sequence of pieces (ok[len] is True), where a token
+        may end inside `data` only at offsets k with boundaries[k] true (None: anywhere).
 
         Alignment only steps to offsets from which the rest can still be
         completed, so a preferred long piece never strands the remainder
@@ -77,6 +79,8 @@ class PieceIndex:
         ok = [False] * (len(data) + 1)
         ok[len(data)] = True
         for i in range(len(data) - 1, -1, -1):
+            if i > 0 and boundaries is not None and not boundaries[i]:
+                continue
             ok[i] = any(ok[i + len(self.pieces[t])] for t in self.candidates(data[i:]))
         return ok
 
@@ -146,7 +150,7 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
         if isinstance(item, Gap):
             gap, gap_rest = item, item.data or None
             if pieces is not None and gap_rest:
-                reach = pieces.splittable(item.data)
+                reach = pieces.splittable(item.data, item.boundaries)
                 if not reach[0]:
                     raise _Unaligned(index, item.data)
             i += 1
@@ -199,7 +203,7 @@ def _check_room(ctx: Context, n: int) -> None:
                          "pass a larger --ctx-size")
 
 
-def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], params: SamplingParams,
+def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
            n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
            keep: int = 0, rebuild: bool = False) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
@@ -207,7 +211,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
     `post` also runs the target sampler chain (prompt fed to its history, each
     emitted token accepted after its position) for post-sampling values.
     """
-    chain = SamplerChain(model, params) if post else None
+    chain = SamplerChain(model, settings.params, settings.grammar) if post else None
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
@@ -219,7 +223,7 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
             logprob, top = pre_sampling(logits, tok, n_top)
             t = Truth(index=index, id=tok, item=item, logprob=logprob, top=top)
             if chain is not None:
-                cands, _sel = chain.apply(logits)
+                cands, _sel = chain.sample(logits)  # with a grammar, masked only when it resampled
                 t.post_prob, t.post_top = post_sampling(cands, tok, n_top)
                 chain.accept(tok)
             yield t

@@ -10,18 +10,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ModelError, SpecReplayError
 from ..runtime.llama import Context, Model
-from ..runtime.sampler import SamplingParams, requested_n_probs
 from ..settings import ContextConfig, resolve
 from ..transcripts.entries import drafted, n_generated, n_prompt_cached
 from ..transcripts.plan import Gap, Plan, build_plan, entry_at
 from ..transcripts.readers import Record, read_source, read_text
-from .compare import DEFAULT_TOLERANCE, compare
+from ..transcripts.request import request_settings
+from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_batches
 from .evaluate import PieceIndex, Truth, Unaligned, truths
 from .prefix import plan_prefix
 from .prompt import prompt_ids
@@ -36,6 +36,7 @@ class RecoverOptions:
     """How recover evaluates, besides the server's own settings (settings.ContextConfig)."""
 
     tolerance: float = DEFAULT_TOLERANCE
+    batch_bound: float = BATCH_BOUND  # compare.judge_batches
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
 
@@ -132,15 +133,17 @@ class Recoverer:
 
     def _recover(self, rec: Record) -> Recovered:
         post = bool(rec.request.get("post_sampling_probs"))
-        n_probs = requested_n_probs(rec.endpoint, rec.request)
+        settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta)
+        n_probs = settings.params.n_probs
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
-        params = SamplingParams.from_request(rec.endpoint, rec.request)
+        rep.settings = [(k, list(v) if isinstance(v, tuple) else v, src) for k, v, src in settings.describe()]
+        rep.notes += settings.notes
         plan = build_plan(rec, self.piece)
         self.check_vocab(rec, plan)
         prompt = prompt_ids(rec, self.model)
         for t in prompt:
             self.piece(t)  # vocabulary range check
-        cfg = resolve("context", flags=self.flags, transcript=rec.speculative, props=rec.props)
+        cfg = resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props)
         ctx = self.context(cfg)
         final = rec.final()
         prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final), ctx.n_batch,
@@ -152,7 +155,7 @@ class Recoverer:
         evaluated: list[Truth] = []
         unaligned: Unaligned | None = None
         try:
-            for truth in truths(self.model, ctx, prompt, plan, params, n_probs, post=post, chunk=self.options.chunk,
+            for truth in truths(self.model, ctx, prompt, plan, settings, n_probs, post=post, chunk=self.options.chunk,
                                 keep=prefix.keep, rebuild=prefix.rebuild,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 evaluated.append(truth)
@@ -161,9 +164,21 @@ class Recoverer:
             # the tokens of a gap that owns an entry are compared once the gap is complete: it is not
             while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.slot.entry is not None:
                 evaluated.pop()
-        speculative = bool(drafted(final)) or bool((rec.speculative or {}).get("types"))
+        speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
+        rep.slots = rec.slots(self.flags.get("n_parallel"))
+        judged, rep.weighted_diff, rep.batched = judge_batches([o.report for o in outcomes], rep.slots,
+                                                               self.options.batch_bound)
+        outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         rep.tokens = [o.report for o in outcomes]
+        if rep.batched:
+            worst = max(abs(t.server_logprob - t.true_logprob) for t in rep.tokens if t.real_pairs)
+            rep.notes.append(f"the server's real values differ from a one-request evaluation by up to {worst:.3g} "
+                             f"nats ({rep.weighted_diff:.3g} weighted by probability, first entry and record): it ran "
+                             f"{rep.slots or 'possibly several'} slots, and requests decoded in the same batches "
+                             "change its kernels; within the "
+                             f"{self.options.batch_bound} nats batching explains (a wrong model file differs by "
+                             "0.45 or more), so they are kept as sent and the rest gets one-request values")
         if unaligned is not None:
             rep.error = str(unaligned)
             rep.tokens.append(TokenReport(unaligned.index, None, "", None, None, "unaligned", [], note=rep.error))

@@ -28,6 +28,8 @@ class TokenReport:
     status: str
     true_top: list[dict]
     note: str = ""
+    # (server, true) logprob of the token and of each alternative both lists hold: a real entry's values
+    real_pairs: tuple[tuple[float, float], ...] = field(default=(), compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {"index": self.index, "id": self.id, "piece": self.piece, "server_logprob": self.server_logprob,
@@ -49,6 +51,10 @@ class RecordReport:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
     prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
+    settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
+    slots: int | None = None  # the server's slots (None: not known)
+    weighted_diff: float | None = None  # compare.judge_batches: weighted |server - true| of the real values
+    batched: bool = False  # the real values' disagreement was judged to be batch composition
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -76,6 +82,9 @@ class RecordReport:
         d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
              "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
+             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
+             "numerics": {"slots": self.slots, "weighted_mean_diff_real": self.weighted_diff,
+                          "cause": "batch composition" if self.batched else None},
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:
             d["error"] = self.error
@@ -118,6 +127,10 @@ class RecoverResult:
         if bad:
             r, t = bad[0]
             why = "the replay does not match this server's numerics (model file, build, or context settings)"
+            if r.weighted_diff is not None and r.slots != 1:
+                why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
+                       "record), more than the numerics of batches shared with other requests explain: the model "
+                       "file or the build is not the server's")
             if r.prefix == "server cache":
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")

@@ -191,8 +191,13 @@ class Model(_Owner):
         return t.decode("utf-8") if t else None
 
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, 256)
+        """A metadata value as libllama renders it (llama_model_meta_val_str: the text the server's
+        own readers parse), or None if the file has no such (non-array) key."""
+        buf = ctypes.create_string_buffer(512)
+        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, 512)
+        if n >= 512:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, n + 1)
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 

@@ -30,172 +30,11 @@ import llama_cpp as L
 import numpy as np
 
 from ..errors import TranscriptError
+from ..settings.sampling import LLAMA_DEFAULT_SEED, Grammar, SamplingParams
 
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF
-
-# common/common.h:264-274
-DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-# common/sampling.cpp:959-1049: names, aliases and one-letter codes
-_NAMES = {
-    "dry": "dry", "top_k": "top_k", "top-k": "top_k", "topk": "top_k",
-    "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p", "topp": "top_p",
-    "top_n_sigma": "top_n_sigma", "top-n-sigma": "top_n_sigma",
-    "typ_p": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "typical_p": "typ_p", "typical-p": "typ_p", "typical": "typ_p",
-    "min_p": "min_p", "min-p": "min_p", "xtc": "xtc", "temperature": "temperature", "temp": "temperature",
-    "infill": "infill", "penalties": "penalties", "adaptive_p": "adaptive_p", "adaptive-p": "adaptive_p",
-}
-_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
-          "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+__all__ = ["LLAMA_DEFAULT_SEED", "GrammarSampler", "SamplerChain", "SamplingParams", "TOKEN_DATA", "post_sampling"]
 
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # struct llama_token_data
-
-
-@dataclass
-class SamplingParams:
-    """The sampling fields of one request, with the server's defaults."""
-
-    seed: int = LLAMA_DEFAULT_SEED
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typ_p: float = 1.0
-    top_n_sigma: float = -1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    penalty_last_n: int = 64
-    penalty_repeat: float = 1.0
-    penalty_freq: float = 0.0
-    penalty_present: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
-    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    min_keep: int = 0
-    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
-    logit_bias: list[tuple[Any, float]] = field(default_factory=list)  # (token id or string, bias)
-    ignore_eos: bool = False
-    n_probs: int = 0
-    post_sampling_probs: bool = False
-
-    @classmethod
-    def from_request(cls, endpoint: str, body: dict) -> "SamplingParams":
-        """Read a request body as tools/server/server-schema.cpp does (null = default). A field of the
-        wrong type is a TranscriptError naming it."""
-        p = cls()
-        for key, attr in _SIMPLE.items():
-            v = _number(body, key, type(getattr(p, attr)))
-            if v is not None:
-                setattr(p, attr, v)
-        p.temp = max(p.temp, 0.0)  # server-schema.cpp:116-118
-        dry_base = _number(body, "dry_base", float)
-        if dry_base is not None and dry_base >= 1.0:
-            p.dry_base = dry_base
-        breakers = body.get("dry_sequence_breakers")
-        if breakers is not None:
-            if not (isinstance(breakers, list) and all(isinstance(b, str) for b in breakers)):
-                raise TranscriptError("\"dry_sequence_breakers\" must be a list of strings")
-            p.dry_sequence_breakers = tuple(breakers)
-        seed = body.get("seed")
-        if seed is not None:
-            if not isinstance(seed, int) or isinstance(seed, bool) or not -1 <= seed < 2**32:
-                raise TranscriptError(f"\"seed\" {str(seed)[:20]} is not a 32-bit seed")
-            p.seed = seed & 0xFFFFFFFF
-        if body.get("ignore_eos") is not None:
-            p.ignore_eos = bool(body["ignore_eos"])
-        if body.get("post_sampling_probs") is not None:
-            p.post_sampling_probs = bool(body["post_sampling_probs"])
-        p.samplers = parse_samplers(body.get("samplers"))
-        p.logit_bias = parse_logit_bias(body.get("logit_bias"))
-        p.n_probs = requested_n_probs(endpoint, body)
-        return p
-
-
-# request field -> SamplingParams attribute (tools/server/server-schema.cpp)
-_SIMPLE = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-           "typical_p": "typ_p", "top_n_sigma": "top_n_sigma", "xtc_probability": "xtc_probability",
-           "xtc_threshold": "xtc_threshold", "dynatemp_range": "dynatemp_range",
-           "dynatemp_exponent": "dynatemp_exponent", "repeat_last_n": "penalty_last_n",
-           "repeat_penalty": "penalty_repeat", "frequency_penalty": "penalty_freq",
-           "presence_penalty": "penalty_present", "dry_multiplier": "dry_multiplier",
-           "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
-           "mirostat": "mirostat", "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta",
-           "min_keep": "min_keep"}
-_INT32 = 2**31
-
-
-def _number(body: dict, key: str, kind: type) -> Any:
-    """body[key] as an int or a finite float (None when absent or null); anything else is a
-    TranscriptError naming the field."""
-    v = body.get(key)
-    if v is None:
-        return None
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if ok and kind is int:
-        ok = -_INT32 <= v < _INT32  # a float is truncated, as nlohmann's get<int32_t>() does
-    if not ok:
-        what = "a 32-bit integer" if kind is int else "a finite number"
-        raise TranscriptError(f"\"{key}\" must be {what}, got {str(v)[:20]}")
-    return kind(v)
-
-
-def requested_n_probs(endpoint: str, body: dict) -> int:
-    """How many alternatives the request asked for.
-
-    /v1/chat/completions: `logprobs: true` means `top_logprobs` (default 20)
-    (tools/server/server-common.cpp:1470-1479); elsewhere `n_probs`, alias `logprobs`.
-    """
-    if endpoint == "/v1/chat/completions":
-        if body.get("logprobs"):
-            v = _number(body, "top_logprobs", int)
-            return 20 if v is None else v
-        return _number(body, "n_probs", int) or 0
-    key = "n_probs" if body.get("n_probs") is not None else "logprobs"
-    if isinstance(body.get(key), bool):
-        return 0
-    return _number(body, key, int) or 0
-
-
-def parse_samplers(v: Any) -> tuple[str, ...]:
-    if v is None:
-        return DEFAULT_SAMPLERS
-    if isinstance(v, str) and ";" in v:
-        v = v.split(";")
-    if isinstance(v, str):
-        return tuple(_CHARS[c] for c in v if c in _CHARS)
-    if isinstance(v, list):
-        return tuple(_NAMES[n] for n in v if isinstance(n, str) and n in _NAMES)
-    raise TranscriptError(f"\"samplers\" must be a list of names or a string, got {type(v).__name__}")
-
-
-def parse_logit_bias(v: Any) -> list[tuple[Any, float]]:
-    """`[[tok|string, bias|false], ...]` or `{"tok"|"string": bias}` (server-schema.cpp:434-473)."""
-    if not v:
-        return []
-    if not isinstance(v, (list, dict)):
-        raise TranscriptError("\"logit_bias\" must be a list of [token, bias] pairs or an object")
-    items = v.items() if isinstance(v, dict) else v
-    out = []
-    for item in items:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2):
-            raise TranscriptError("\"logit_bias\" entries must be [token, bias] pairs")
-        tok, bias = item
-        if bias is False:
-            bias = -math.inf
-        elif not isinstance(bias, (int, float)) or isinstance(bias, bool):
-            raise TranscriptError(f"\"logit_bias\": the bias of {str(tok)[:20]} is not a number")
-        if isinstance(tok, str) and tok.lstrip("-").isdigit() and isinstance(v, dict):
-            tok = int(tok)
-        if not isinstance(tok, (int, str)) or isinstance(tok, bool):
-            raise TranscriptError("\"logit_bias\": a token must be an id or a string")
-        out.append((tok, float(bias)))
-    return out
 
 
 def post_sampling(cands: np.ndarray, tok: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
@@ -210,12 +49,73 @@ def post_sampling(cands: np.ndarray, tok: int, n_top: int) -> tuple[float, list[
     return (float(cands["p"][where[0]]) if len(where) else 0.0), top
 
 
-class SamplerChain:
-    """A libllama sampler chain built like common_sampler_init, with its own history."""
+class GrammarSampler:
+    """A libllama grammar sampler held beside the chain, as common_sampler holds `grmr`
+    (common/sampling.cpp:225-311): lazy with its trigger patterns and tokens, or not; an
+    output-format or tool-call grammar that is not lazy is first fed the generation prompt."""
 
-    def __init__(self, model, params: SamplingParams):
+    def __init__(self, model, grammar: Grammar):
+        self.model, self.grammar = model, grammar
+        text = grammar.text.encode()
+        if grammar.lazy:
+            pats = [p.encode() for p in grammar.trigger_patterns]
+            c_pats = (ctypes.c_char_p * max(len(pats), 1))(*pats)
+            toks = (L.llama_token * max(len(grammar.trigger_tokens), 1))(*grammar.trigger_tokens)
+            ptr = L.llama_sampler_init_grammar_lazy_patterns(model.vocab, text, b"root", c_pats, len(pats), toks,
+                                                            len(grammar.trigger_tokens))
+        else:
+            ptr = L.llama_sampler_init_grammar(model.vocab, text, b"root")
+        if not ptr:
+            raise TranscriptError("the server's grammar does not parse (libllama refused it)")
+        self._ptr = ptr
+        self._one = np.zeros(1, dtype=TOKEN_DATA)
+        if not grammar.lazy and grammar.kind in ("output_format", "tool_calls") and grammar.generation_prompt:
+            prompt = grammar.generation_prompt
+            for i, tok in enumerate(model.tokenize(prompt, add_special=False, parse_special=True)):
+                piece = model.piece(tok, special=True)
+                if i == 0 and piece[:1].isspace() and not prompt[:1].isspace():
+                    continue  # a space some tokenizers put before the first special token (:287-292)
+                self.accept(tok)
+
+    def _apply(self, cands: np.ndarray) -> None:
+        arr = L.llama_token_data_array(data=cands.ctypes.data_as(ctypes.POINTER(L.llama_token_data)),
+                                       size=len(cands), selected=-1, sorted=False)
+        L.llama_sampler_apply(self._ptr, ctypes.byref(arr))
+
+    def allows(self, token: int) -> bool:
+        """The server's check of a sampled token alone (common_sampler_sample, :654-664)."""
+        self._one["id"], self._one["logit"], self._one["p"] = token, 1.0, 0.0
+        self._apply(self._one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def masked(self, cands: np.ndarray) -> np.ndarray:
+        """A copy of `cands` with the logits of tokens the grammar rejects set to -inf."""
+        out = np.ascontiguousarray(cands).copy()
+        self._apply(out)
+        return out
+
+    def accept(self, token: int) -> None:
+        # libllama aborts the process on a token the grammar rejects: check it first
+        if not self.allows(token):
+            raise TranscriptError(f"token {token} ({self.model.piece(token)!r}) is not allowed by the grammar here: "
+                                  "the transcript was not sampled under this grammar")
+        L.llama_sampler_accept(self._ptr, token)
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            L.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+
+class SamplerChain:
+    """A libllama sampler chain built like common_sampler_init, with its own history, and the
+    request's grammar beside it."""
+
+    def __init__(self, model, params: SamplingParams, grammar: Grammar | None = None):
         self.params = params
         self.model = model
+        self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
+        self.n_applies = 0  # chain passes so far: each draws once from dist's stream (trace/divergence.py)
         cp = L.llama_sampler_chain_default_params()
         cp.no_perf = True
         self._chain = L.llama_sampler_chain_init(cp)
@@ -224,11 +124,11 @@ class SamplerChain:
 
         biases: list[tuple[int, float]] = []
         for tok, bias in params.logit_bias:
-            if isinstance(tok, str):
+            if isinstance(tok, str):  # every token of the text gets the bias (server-schema.cpp:445-452)
                 biases += [(t, bias) for t in model.tokenize(tok, add_special=False, parse_special=False)]
-            else:
+            elif 0 <= tok < n_vocab:  # ids outside the vocabulary are dropped
                 biases.append((int(tok), bias))
-        if params.ignore_eos:
+        if params.eog_bias:
             biases += [(t, -math.inf) for t in model.eog_ids]
         n_sup = ctypes.c_int32(0)
         sup = L.llama_vocab_get_suppress_tokens(vocab, ctypes.byref(n_sup))
@@ -266,10 +166,11 @@ class SamplerChain:
                     add(L.llama_sampler_init_penalties(n_vocab, s.penalty_last_n, s.penalty_repeat, s.penalty_freq,
                                                        s.penalty_present))
                 elif name == "adaptive_p":
-                    adaptive = True
+                    adaptive = True  # it selects the token, so it replaces dist at the end (:388-404)
             if adaptive:
-                raise TranscriptError("the adaptive-p sampler is not supported for replay")
-            add(L.llama_sampler_init_dist(s.seed))
+                add(L.llama_sampler_init_adaptive_p(s.adaptive_target, s.adaptive_decay, s.seed))
+            else:
+                add(L.llama_sampler_init_dist(s.seed))
         elif s.mirostat == 1:
             add(L.llama_sampler_init_temp(s.temp))
             add(L.llama_sampler_init_mirostat(n_vocab, s.seed, s.mirostat_tau, s.mirostat_eta, 100))
@@ -279,13 +180,29 @@ class SamplerChain:
         self._buf = np.empty(n_vocab, dtype=TOKEN_DATA)
         self._buf["id"] = np.arange(n_vocab, dtype=np.int32)
 
-    def accept(self, token: int) -> None:
-        """common_sampler_accept: the chain's history (penalties, DRY) gets `token`."""
+    def accept(self, token: int, *, generated: bool = True) -> None:
+        """common_sampler_accept (:473-505): the grammar (generated tokens only) and the chain's
+        history (penalties, DRY) get `token`."""
+        if self.grammar is not None and generated:
+            self.grammar.accept(token)
         L.llama_sampler_accept(self._chain, token)
 
     def accept_prompt(self, tokens: Sequence[int]) -> None:
+        """The prompt goes to the chain's history, never to the grammar (server-context.cpp:418-437)."""
         for t in tokens:
-            self.accept(t)
+            self.accept(t, generated=False)
+
+    def sample(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """common_sampler_sample(.., grammar_first=false) (:602-684): run the chain; if a grammar
+        rejects the token it picked, run the chain again over the grammar-masked logits (a second
+        set of random draws). Returns (candidates, selected index) like `apply`: unmasked when the
+        first pick stood, masked after a resample."""
+        cands, sel = self.apply(logits)
+        if self.grammar is None or self.grammar.allows(int(cands["id"][sel])):
+            return cands, sel
+        full = np.empty(len(logits), dtype=TOKEN_DATA)
+        full["id"], full["logit"], full["p"] = np.arange(len(logits), dtype=np.int32), logits, 0.0
+        return self.apply(self.grammar.masked(full)["logit"])
 
     def apply(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
         """Run the chain over raw logits; return (candidates after the chain, selected index).
@@ -293,6 +210,7 @@ class SamplerChain:
         The candidate array is a copy (structured TOKEN_DATA), sorted by p
         descending if the chain left it unsorted, as get_candidates(sorted=true) does.
         """
+        self.n_applies += 1
         buf = self._buf
         buf["id"] = np.arange(len(buf), dtype=np.int32)
         buf["logit"] = logits
@@ -314,6 +232,8 @@ class SamplerChain:
         return cands, selected
 
     def close(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
         if self._chain is not None:
             L.llama_sampler_free(self._chain)
             self._chain = None

@@ -1,14 +1,8 @@
 """llama-server's settings: one declarative table (table.py) and the config objects and
-resolution rules generated from it (config.py). Owns every spelling of a server flag."""
-from .config import (
-           ContextConfig,
-           SpecConfig,
-           check_recorded,
-           describe,
-           resolve,
-           transcript_block,
-)
+resolution rules generated from it (config.py; sampling.py for the sampling settings of a
+request). Owns every spelling of a server flag."""
+from .config import ContextConfig, SpecConfig, check_props, describe, flags_block, recorded_flags, resolve
 from .table import BY_ATTR, BY_FLAG, PROFILES, SETTINGS, Setting, rows
 
-__all__ = ["BY_ATTR", "BY_FLAG", "PROFILES", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_recorded", "describe",
-           "resolve", "rows", "transcript_block"]
+__all__ = ["BY_ATTR", "BY_FLAG", "PROFILES", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_props",
+           "describe", "flags_block", "recorded_flags", "resolve", "rows"]

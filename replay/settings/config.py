@@ -1,22 +1,23 @@
 """Config objects generated from the settings table, and where each value came from.
 
-    spec = resolve("speculative", flags={"draft_n_max": 5}, transcript=rec.speculative)
+    spec = resolve("speculative", flags={"draft_n_max": 5}, recorded=rec.flags)
     spec.draft_n_max         # 5
-    spec.sources["draft_n_max"], spec.sources["spec_types"]   # "flag", "transcript"
+    spec.sources["draft_n_max"], spec.sources["spec_types"]   # "command line", "server.flags"
 
 A value is taken from the first of: a flag given to spec-replay (spelled as llama-server spells
 it), the server's own report in the /props that `record` captured (what it really runs with: a
 slot's n_ctx), the flags `record` was told the server was started with (the transcript's
-`server.speculative`), llama-server's built-in default for the build profile.
+`server.flags`), llama-server's built-in default for the build profile. Sampling settings have
+more layers (the request, the model file): settings/sampling.py.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
 
-from .table import BY_ATTR, SETTINGS, Setting, rows
+from .table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
 
-SOURCES = ("flag", "/props", "transcript", "default")
+SOURCES = ("command line", "/props", "server.flags", "default")
 
 
 def _config_class(name: str, group: str, doc: str) -> type:
@@ -49,16 +50,17 @@ def dig(obj: Any, path: str) -> Any:
     return obj
 
 
-def resolve(group: str, *, flags: Mapping[str, Any] | None = None, transcript: Mapping | None = None,
+def resolve(group: str, *, flags: Mapping[str, Any] | None = None, recorded: Mapping[str, Any] | None = None,
             props: Mapping | None = None, profile: str = "b11434") -> Any:
     """The `group`'s config object, each value from the first source that has it (module docstring).
+    `flags` are ours by attr; `recorded` the transcript's server flags by flag name (Record.flags).
     Values are parsed as llama-server parses its flags; a bad one raises ValueError naming the flag."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for s in rows(group):
-        for src, value in (("flag", (flags or {}).get(s.attr)),
+        for src, value in (("command line", (flags or {}).get(s.attr)),
                            ("/props", dig(props, s.props) if s.props else None),
-                           ("transcript", dig(transcript, s.transcript) if s.transcript else None)):
+                           ("server.flags", (recorded or {}).get(s.flag))):
             value = _usable(s, s.parse(value))
             if value is not None:
                 values[s.attr], sources[s.attr] = value, src
@@ -68,18 +70,6 @@ def resolve(group: str, *, flags: Mapping[str, Any] | None = None, transcript: M
     return _CLASSES[group](**values, sources=sources)
 
 
-def check_recorded(transcript: Mapping | None, props: Mapping | None) -> None:
-    """Raise ValueError (naming the flag) for a value a transcript recorded that llama-server would
-    not take: readers call this, so resolution never meets a bad recorded value."""
-    for s in SETTINGS:
-        for where, value in ((f"server.speculative.{s.transcript}", dig(transcript, s.transcript) if s.transcript else None),
-                             (f"server.props.{s.props}", dig(props, s.props) if s.props else None)):
-            try:
-                s.parse(value)
-            except ValueError as e:
-                raise ValueError(f"\"{where}\": {e}") from e
-
-
 def _usable(s: Setting, value: Any) -> Any:
     """An empty --spec-type list is no value (the server's default applies); so is a /props n_ctx of 0."""
     if value == () or (s.attr == "n_ctx" and value == 0):
@@ -87,22 +77,62 @@ def _usable(s: Setting, value: Any) -> Any:
     return value
 
 
-def transcript_block(values: Mapping[str, Any]) -> dict:
-    """The transcript's `server.speculative` block for the flags a server was started with (`values`
-    by attr; absent or None = the server's default, written as null)."""
+# --- the transcript's record of the server's flags ------------------------------------------
+
+def flags_block(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The transcript's `server.flags`: the flags a server was started with, by llama-server's
+    spelling (`values` by attr; absent or None = the server's default, left out)."""
     unknown = set(values) - set(BY_ATTR)
     assert not unknown, f"not in the settings table: {unknown}"
-    block: dict[str, Any] = {"types": [], "ngram": {}}
-    for s in rows("speculative", "context"):
+    block: dict[str, Any] = {}
+    for s in SETTINGS:
         v = s.parse(values.get(s.attr))
-        if s.transcript.startswith("ngram."):
-            if v is not None:
-                block["ngram"][s.transcript.split(".", 1)[1]] = v
-        elif s.kind == "list":
-            block[s.transcript] = list(v or ())
-        else:
-            block[s.transcript] = v
+        if v is not None:
+            block[s.flag] = list(v) if isinstance(v, tuple) else v
     return block
+
+
+def recorded_flags(flags: Mapping | None, legacy: Mapping | None) -> dict[str, Any]:
+    """A transcript's server flags by flag name, parsed: its `server.flags`, or the older
+    `server.speculative` block. Raises ValueError naming the flag for a value llama-server would
+    not take, or a flag it does not know."""
+    out: dict[str, Any] = {}
+    if flags is not None:
+        for name, value in flags.items():
+            s = BY_FLAG.get(name)
+            if s is None:
+                raise ValueError(f"\"server.flags\": {name!r} is not a llama-server flag spec-replay knows")
+            out[s.flag] = s.parse(value)
+        return out
+    for s in SETTINGS:
+        value = dig(legacy, s.transcript) if s.transcript else None
+        if value is not None:
+            out[s.flag] = s.parse(value)
+    return out
+
+
+def check_props(props: Mapping | None) -> None:
+    """Raise ValueError (naming the field) for a /props value llama-server could not have reported:
+    the context rows' values and the sampling defaults in default_generation_settings.params."""
+    params = dig(props, "default_generation_settings.params")
+    if params is not None and not isinstance(params, Mapping):
+        raise ValueError("\"server.props.default_generation_settings.params\" must be an object")
+    for s in SETTINGS:
+        paths = [s.props] if s.props else []
+        if s.group == "sampling" and s.generation:
+            paths.append(f"default_generation_settings.params.{s.generation}")
+        for path in paths:
+            value = dig(props, path)
+            try:
+                if s.attr == "samplers" and value is not None:
+                    if not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+                        raise ValueError("must be a list of sampler names")
+                elif s.kind in ("strings",) and value is not None and not isinstance(value, list):
+                    raise ValueError("must be a list")
+                else:
+                    s.parse(value)
+            except ValueError as e:
+                raise ValueError(f"\"server.props.{path}\": {e}") from e
 
 
 def describe(config: Any) -> list[tuple[str, Any, str]]:

@@ -1,27 +1,31 @@
 """llama-server's settings that change what a replay must do, one row each.
 
 Every command that takes server flags builds its options from this table (cli/options.py), the
-config objects are generated from it (settings/config.py), `record` writes the transcript's
-`server.speculative` block from it, and the test harness starts servers with it
+config objects are generated from it (settings/config.py, settings/sampling.py), `record` writes
+the transcript's `server.flags` from it, and the test harness starts servers with it
 (llamacpp/process.py). A setting is spelled exactly as llama-server spells it: the first flag
 is the long name of `common/arg.cpp` (b11434), the aliases are the other names it accepts there.
 
 Columns:
 
     flag, aliases   as in common/arg.cpp's common_arg({...}) (line cited in `source`)
-    attr            the Python name of the value in config objects and option callbacks
-    group           "speculative" | "context"   (the config object it belongs to)
-    kind            int | float | choice | path | list (comma-separated or repeated, like --spec-type)
+    attr            the Python name of the value (common_params' field name where there is one)
+    group           "speculative" | "context" | "sampling"   (the config object it belongs to)
+    kind            int | float | choice | path | str | flag (no value) | list (comma-separated or
+                    repeated, like --spec-type) | strings (repeated, each kept whole, like -r)
     default         llama-server's built-in default (common/common.h), per build profile where
                     they differ (`profiles` lists the builds that have the flag at all)
-    transcript      where `record` keeps it: a key of the transcript's `server.speculative`
-                    block ("ngram.mod-n-match" is the key "mod-n-match" of its "ngram" object)
+    transcript      the key of the older `server.speculative` block of transcripts recorded before
+                    `server.flags` ("ngram.mod-n-match" is the key "mod-n-match" of its "ngram" object)
     props           where a running server reports it: a dotted path in GET /props
     generation      the key under which /completion's `generation_settings` (and
                     /props' default_generation_settings.params) echo it
-
-Adding llama-server's sampling flags means adding rows (with `request` and `gguf` columns for
-the request field and the model file's general.sampling.* key), nothing else.
+    request         the request fields that override it, in the server's precedence order
+                    (tools/server/server-schema.cpp: the first present and non-null wins)
+    gguf            the model file's key that supplies it when the flag was not given
+                    (common/common.cpp:1087-1146, only for flags with `user_bit`)
+    user_bit        giving the flag sets its bit in user_sampling_config, so the model file's key
+                    no longer applies (common/arg.cpp; --sampling-seq sets none)
 """
 from __future__ import annotations
 
@@ -54,6 +58,9 @@ class Setting:
     generation: str | None = None
     profiles: tuple[str, ...] = PROFILES
     profile_defaults: dict[str, Any] = field(default_factory=dict)
+    request: tuple[str, ...] = ()
+    gguf: str | None = None
+    user_bit: bool = False
     source: str = ""  # common/arg.cpp line (b11434)
 
     @property
@@ -70,6 +77,15 @@ class Setting:
             return None
         if self.kind in ("int", "float"):
             return self._number(value)
+        if self.kind == "flag":
+            if not isinstance(value, bool):
+                raise ValueError(f"{self.flag} takes no value, got {value!r}")
+            return value
+        if self.kind == "strings":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)) or not all(isinstance(x, str) for x in items):
+                raise ValueError(f"{self.flag}: cannot read {value!r}")
+            return tuple(items)
         if self.kind == "list":
             items = value.split(",") if isinstance(value, str) else value
             if not isinstance(items, (list, tuple)):
@@ -99,6 +115,14 @@ class Setting:
             return x
         except ValueError:
             raise ValueError(f"{self.flag} takes {what}, got {value!r}") from None
+
+
+def _smp(flag: str, attr: str, kind: str, default: Any, help: str, *, gguf: str | None = None, bit: bool = False,
+         echo: str | None | bool = True, **kw) -> Setting:
+    """A sampling row: echoed under its own name unless `echo` says otherwise (None: not echoed)."""
+    generation = attr if echo is True else echo
+    return Setting(flag, attr, "sampling", kind, default, help, gguf=f"general.sampling.{gguf}" if gguf else None,
+                   user_bit=bit, generation=generation, **kw)
 
 
 def _spec(flag: str, attr: str, kind: str, default: Any, help: str, *, ngram: str | None = None, **kw) -> Setting:
@@ -170,9 +194,88 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--parallel", "n_parallel", "context", "int", -1, "server slots (-1: auto, 4 with a unified KV cache)",
             aliases=("-np",), metavar="N", transcript="n_parallel", props="total_slots",
             source="common/arg.cpp:2547"),
+
+    # --- sampling: the defaults every request starts from (common/common.h:227-300); a request field
+    # overrides them, the model file's general.sampling.* keys supply those whose flag was not given
+    _smp("--temp", "temp", "float", 0.8, "temperature", aliases=("--temperature",), request=("temperature",),
+         gguf="temp", bit=True, echo="temperature", source="common/arg.cpp:2018"),
+    _smp("--top-k", "top_k", "int", 40, "top-k sampling (0: off)", request=("top_k",), gguf="top_k", bit=True,
+         source="common/arg.cpp:2027"),
+    _smp("--top-p", "top_p", "float", 0.95, "top-p sampling (1.0: off)", request=("top_p",), gguf="top_p", bit=True,
+         source="common/arg.cpp:2035"),
+    _smp("--min-p", "min_p", "float", 0.05, "min-p sampling (0.0: off)", request=("min_p",), gguf="min_p", bit=True,
+         source="common/arg.cpp:2043"),
+    _smp("--top-nsigma", "top_n_sigma", "float", -1.0, "top-n-sigma sampling (-1: off)",
+         aliases=("--top-n-sigma",), request=("top_n_sigma",), source="common/arg.cpp:2051"),
+    _smp("--xtc-probability", "xtc_probability", "float", 0.0, "xtc probability (0.0: off)",
+         request=("xtc_probability",), gguf="xtc_probability", bit=True, source="common/arg.cpp:2058"),
+    _smp("--xtc-threshold", "xtc_threshold", "float", 0.1, "xtc threshold", request=("xtc_threshold",),
+         gguf="xtc_threshold", bit=True, source="common/arg.cpp:2066"),
+    _smp("--typical", "typ_p", "float", 1.0, "locally typical sampling (1.0: off)", aliases=("--typical-p",),
+         request=("typical_p",), echo="typical_p", source="common/arg.cpp:2074"),
+    _smp("--repeat-last-n", "penalty_last_n", "int", 64, "last n tokens the repeat penalty sees",
+         request=("repeat_last_n",), gguf="penalty_last_n", bit=True, echo="repeat_last_n",
+         source="common/arg.cpp:2081"),
+    _smp("--repeat-penalty", "penalty_repeat", "float", 1.0, "repeat penalty (1.0: off)",
+         request=("repeat_penalty",), gguf="penalty_repeat", bit=True, echo="repeat_penalty",
+         source="common/arg.cpp:2093"),
+    _smp("--presence-penalty", "penalty_present", "float", 0.0, "presence penalty",
+         request=("presence_penalty",), echo="presence_penalty", source="common/arg.cpp:2107"),
+    _smp("--frequency-penalty", "penalty_freq", "float", 0.0, "frequency penalty",
+         request=("frequency_penalty",), echo="frequency_penalty", source="common/arg.cpp:2118"),
+    _smp("--dry-multiplier", "dry_multiplier", "float", 0.0, "DRY multiplier (0.0: off)",
+         request=("dry_multiplier",), source="common/arg.cpp:2129"),
+    _smp("--dry-base", "dry_base", "float", 1.75, "DRY base (values below 1 are ignored)", request=("dry_base",),
+         source="common/arg.cpp:2136"),
+    _smp("--dry-allowed-length", "dry_allowed_length", "int", 2, "DRY allowed length",
+         request=("dry_allowed_length",), source="common/arg.cpp:2147"),
+    _smp("--dry-penalty-last-n", "dry_penalty_last_n", "int", 64, "DRY penalty window",
+         request=("dry_penalty_last_n",), source="common/arg.cpp:2154"),
+    _smp("--dry-sequence-breaker", "dry_sequence_breakers", "strings", ("\n", ":", "\"", "*"),
+         "a DRY sequence breaker (repeatable; the first one replaces the defaults, 'none' clears them)",
+         request=("dry_sequence_breakers",), source="common/arg.cpp:2164"),
+    _smp("--dynatemp-range", "dynatemp_range", "float", 0.0, "dynamic temperature range (0.0: off)",
+         request=("dynatemp_range",), source="common/arg.cpp:2210"),
+    _smp("--dynatemp-exp", "dynatemp_exponent", "float", 1.0, "dynamic temperature exponent",
+         request=("dynatemp_exponent",), source="common/arg.cpp:2217"),
+    _smp("--mirostat", "mirostat", "int", 0, "mirostat (0: off, 1, 2)", request=("mirostat",), gguf="mirostat",
+         bit=True, source="common/arg.cpp:2224"),
+    _smp("--mirostat-lr", "mirostat_eta", "float", 0.1, "mirostat learning rate (eta)", request=("mirostat_eta",),
+         gguf="mirostat_eta", bit=True, source="common/arg.cpp:2233"),
+    _smp("--mirostat-ent", "mirostat_tau", "float", 5.0, "mirostat target entropy (tau)",
+         request=("mirostat_tau",), gguf="mirostat_tau", bit=True, source="common/arg.cpp:2241"),
+    _smp("--adaptive-target", "adaptive_target", "float", -1.0, "adaptive-p target", request=("adaptive_target",),
+         source="common/arg.cpp:2190"),
+    _smp("--adaptive-decay", "adaptive_decay", "float", 0.9, "adaptive-p decay", request=("adaptive_decay",),
+         source="common/arg.cpp:2200"),
+    _smp("--samplers", "samplers", "str", "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature",
+         "the sampler chain, names separated by ';'", request=("samplers",), gguf="sequence", bit=True,
+         source="common/arg.cpp:1988"),
+    _smp("--sampling-seq", "sampling_seq", "str", "edskypmxt",
+         "the sampler chain as one letter per sampler (sets no user bit: a model file's sequence wins)",
+         aliases=("--sampler-seq",), echo=None, source="common/arg.cpp:2004"),
+    _smp("--seed", "seed", "int", -1, "RNG seed (-1: random)", aliases=("-s",), request=("seed",),
+         source="common/arg.cpp:1997"),
+    _smp("--predict", "n_predict", "int", -1, "tokens to predict when a request does not say (-1: no limit)",
+         aliases=("--n-predict", "-n"), request=("n_predict", "max_completion_tokens", "max_tokens"),
+         source="common/arg.cpp:1661"),
+    _smp("--ignore-eos", "ignore_eos", "flag", False, "never sample end-of-generation tokens",
+         request=("ignore_eos",), source="common/arg.cpp:2011"),
+    _smp("--logit-bias", "logit_bias", "strings", (), "TOKEN_ID(+/-)BIAS, repeatable (e.g. 15043+1, 15043-inf)",
+         aliases=("-l",), request=("logit_bias",), source="common/arg.cpp:2249"),
+    _smp("--reverse-prompt", "antiprompt", "strings", (), "stop string used when a request gives none (repeatable)",
+         aliases=("-r",), request=("stop",), echo="stop", source="common/arg.cpp:1891"),
+    _smp("--grammar", "grammar", "str", None, "a GBNF grammar every request starts with", request=("grammar",),
+         source="common/arg.cpp:2271"),
+    _smp("--grammar-file", "grammar_file", "path", None, "a file holding that grammar", echo=None,
+         source="common/arg.cpp:2278"),
+    _smp("--json-schema", "json_schema", "str", None, "a JSON schema every request starts with", aliases=("-j",),
+         request=("json_schema",), echo=None, source="common/arg.cpp:2285"),
+    _smp("--json-schema-file", "json_schema_file", "path", None, "a file holding that schema", aliases=("-jf",),
+         echo=None, source="common/arg.cpp:2292"),
 )
 
-GROUPS = ("speculative", "context")
+GROUPS = ("speculative", "context", "sampling")
 BY_ATTR: dict[str, Setting] = {s.attr: s for s in SETTINGS}
 BY_FLAG: dict[str, Setting] = {n: s for s in SETTINGS for n in s.names}
 

@@ -14,16 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import ModelError, SpecReplayError
-from ..loop.loop import Emitted, Limits, SpeculativeLoop, Step
+from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.profiles import DEFAULT_PROFILE, profile_of
 from ..recovery.prompt import prompt_ids
 from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
-from ..runtime.sampler import SamplingParams, requested_n_probs
-from ..settings import ContextConfig, SpecConfig, resolve
+from ..settings import ContextConfig, SpecConfig, describe, resolve
+from ..settings.sampling import Effective, effective, server_sampling
 from ..transcripts.entries import n_prompt_cached, sent_entries
-from ..transcripts.plan import Gap, build_plan
+from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record
+from .divergence import DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection, explain_sampled, \
+    measured_noise
+from ..transcripts.request import request_settings
 
 DEFAULT_N_CTX = 2048
 
@@ -33,7 +36,7 @@ class TraceResult:
     steps: list[Step]
     emitted: list[Emitted]
     pieces: list[str]
-    recorded: list[int] | None  # the transcript's generated ids (None: no transcript)
+    recorded: list[int] | None  # the transcript's generated ids (None: no transcript, or it lacks ids)
     first_divergence: int | None
     draft_n: int
     draft_n_accepted: int
@@ -44,10 +47,13 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     profile: str = DEFAULT_PROFILE
     spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
+    settings: Effective | None = None  # the sampling settings, and where each came from
+    compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
+    explanation: Explanation | None = None  # why it diverged (trace/divergence.py)
 
     @property
     def reproduced(self) -> bool | None:
-        if self.recorded is None:
+        if self.compared is None:
             return None
         return self.first_divergence is None and (
             self.server_draft_n is None or (self.server_draft_n, self.server_draft_n_accepted) ==
@@ -61,57 +67,151 @@ class TraceResult:
             "emitted": [{"index": e.index, "id": e.id, "piece": self.pieces[e.index], "step": e.step,
                          "logprob": e.logprob, "top": top(e.top, False),
                          "post_prob": e.post_prob, "post_top": top(e.post_top, True)} for e in self.emitted],
-            "reproduced": self.reproduced, "first_divergence": self.first_divergence,
+            "reproduced": self.reproduced, "compared": self.compared, "first_divergence": self.first_divergence,
             "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
             "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
             "server_candidates_at_divergence": None if self.server_candidates is None else
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
+            "divergence": None if self.explanation is None else self.explanation.to_json(),
             "notes": self.notes,
+            "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
         }
 
+    def described(self) -> list[tuple[str, Any, str]]:
+        """(setting, value, source) of every server flag and sampling setting that did not come from
+        llama-server's built-in defaults."""
+        out = [(flag, list(v) if isinstance(v, tuple) else v, src) for flag, v, src in describe(self.spec)
+               if src != "default"] if self.spec is not None else []
+        if self.settings is not None:
+            out += [(k, list(v) if isinstance(v, tuple) else v, src) for k, v, src in self.settings.describe()]
+        return out
 
-def first_divergence(ids: Sequence[int], recorded: Sequence[int]) -> int | None:
-    """The first index where the two token sequences differ (one ending early counts), or None."""
-    for i in range(max(len(ids), len(recorded))):
-        if i >= len(ids) or i >= len(recorded) or ids[i] != recorded[i]:
-            return i
-    return None
+
+def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: bool) -> int | None:
+    """The index of the first emitted token that disagrees with the transcript, or None.
+
+    Known ids must match one for one. A gap (text without ids: a stream's speculative chunk, bytes
+    of tokens that ended in incomplete UTF-8) must be exactly the text of the next emitted tokens,
+    ending on a token boundary, so a stream is compared chunk by chunk. A stream sends nothing for
+    a final end-of-generation token, so the trace may emit one more."""
+    i = 0
+    for item in plan:
+        if isinstance(item, Known):
+            if i >= len(ids) or ids[i] != item.id:
+                return i
+            i += 1
+            continue
+        start, text = i, b""
+        while len(text) < len(item.data) and i < len(ids):
+            text += target.piece(ids[i], special=False)
+            i += 1
+        if text != item.data:
+            # the first token whose bytes leave the gap's text
+            acc = b""
+            for k in range(start, i):
+                acc += target.piece(ids[k], special=False)
+                if not item.data.startswith(acc) or k == i - 1:
+                    return k
+            return start
+    if i == len(ids) or (stream and i == len(ids) - 1 and target.is_eog(ids[i])):
+        return None
+    return i
 
 
-def run_loop(target: Model, prompt: Sequence[int], params: SamplingParams, spec: SpecConfig, ctx: ContextConfig, *,
-             profile: str, limits: Limits, draft: Model | None, n_probs: int, recorded: list[int] | None = None,
+def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
+             profile: str, draft: Model | None, n_probs: int, recorded: Plan | None = None,
              timings: dict | None = None, server_state: dict | None = None, stream: bool = False) -> TraceResult:
-    """Run the loop for one request. `recorded` (the server's ids) is compared token by token; from a
-    stream it may lack a final end-of-generation token (a stream sends no chunk for it)."""
-    loop = SpeculativeLoop(target, prompt, params, spec, profile=profile, limits=limits, draft=draft,
-                           n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
+    """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
+    emits (compare_with_plan)."""
+    loop = SpeculativeLoop(target, prompt, settings, spec, profile=profile, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
+                           draft=draft, n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, server_state=server_state)
     try:
         steps = list(loop.steps())
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]
-    div = None
+    div, compared, recorded_ids = None, None, None
     if recorded is not None:
-        if stream and len(ids) == len(recorded) + 1 and ids[:-1] == list(recorded) and target.is_eog(ids[-1]):
-            recorded = list(recorded) + [ids[-1]]
-        div = first_divergence(ids, recorded)
+        compared = "token ids" if all(isinstance(i, Known) for i in recorded) else "text"
+        div = compare_with_plan(ids, recorded, target, stream=stream)
+        if compared == "token ids":
+            recorded_ids = [i.id for i in recorded]
+            if stream and len(ids) == len(recorded_ids) + 1 and target.is_eog(ids[-1]) and div is None:
+                recorded_ids.append(ids[-1])  # a stream sends no chunk for the final end-of-generation token
     t = timings or {}
-    return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded, div,
-                       loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
-                       post=bool(params.post_sampling_probs), profile=profile, spec=spec)
+    return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded_ids,
+                       div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
+                       post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), profile=profile,
+                       spec=spec, settings=settings, compared=compared)
 
 
 # --- what a transcript recorded --------------------------------------------------------
 
-def recorded_ids(rec: Record, model: Model) -> tuple[list[int] | None, bytes]:
-    """The transcript's generated ids if it carries all of them, and its generated bytes."""
-    piece = lambda t: model.piece(t, special=True)  # noqa: E731 (refuses ids outside the vocabulary)
-    plan = build_plan(rec, piece)
-    data = b"".join(piece(i.id) if not isinstance(i, Gap) else i.data for i in plan)
-    if any(isinstance(i, Gap) for i in plan):
-        return None, data
-    return [i.id for i in plan], data
+def real_value_pairs(res: TraceResult, rec: Record, upto: int | None = None) -> list[tuple[float, float]]:
+    """(server, trace) logprob of every real value the transcript holds for a token the trace emitted
+    the same, its alternatives matched by id (the trace reports with the transcript's mode), up to
+    and including index `upto` (after a divergence the two condition on different tokens)."""
+    sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
+                                                                                        events=rec.chunks())
+    pairs = []
+    n = len(res.emitted) if upto is None else upto + 1
+    for k, (e, s) in enumerate(zip(res.emitted[:n], sent[:n])):
+        if s.is_placeholder or (s.id != e.id and k != upto):
+            continue  # (at the divergence itself the context is the same: its alternatives compare)
+        ours = dict((i, math.log(p) if p > 0 else -math.inf) for i, p in e.post_top) if res.post else dict(e.top)
+        if s.id == e.id:
+            pairs.append((s.logprob, (math.log(e.post_prob) if e.post_prob > 0 else -math.inf) if res.post
+                          else e.logprob))
+        pairs += [(lp, ours[i]) for i, _, lp in s.top if i in ours]
+    return pairs
+
+
+def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | None = None) -> Explanation | None:
+    """Numerics or the loop, at the first divergence (trace/divergence.py). The numeric difference is
+    the largest measured on the record's real values up to the divergence; where the divergence
+    itself has no real value (a placeholder) on a server that ran several slots, at least
+    MULTI_SLOT_NOISE, since batches shared with other requests move later positions more than the
+    first token shows."""
+    i = res.first_divergence
+    if i is None or i >= len(res.emitted) or res.recorded is None or i >= len(res.recorded):
+        return None
+    e, theirs = res.emitted[i], res.recorded[i]
+    noise = measured_noise(real_value_pairs(res, rec, upto=i))
+    assumed = noise is None
+    noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
+    multi = slots != 1 and i > 0 and not real_at(rec, i) and noise < MULTI_SLOT_NOISE
+    if multi:
+        noise, assumed = MULTI_SLOT_NOISE, False
+    p = settings.params
+    if e.how in ("accepted", "residual"):
+        step = res.steps[e.step]
+        k = i - sum(len(s.emitted) for s in res.steps[:e.step])
+        u = step.uniforms[k][0] if k < len(step.uniforms) else None
+        q = step.draft_q[k] if step.draft_q and k < len(step.draft_q) else 0.0
+        out = explain_rejection(u, step.target_p[k] if k < len(step.target_p) else 0.0, q, noise)
+    elif p.temp <= 0 and p.mirostat == 0 and "temperature" in p.samplers:
+        out = explain_greedy(e.best_logits.get(e.id, 0.0), e.best_logits.get(theirs), noise)
+    elif p.mirostat == 0 and "adaptive_p" not in p.samplers and e.cands is not None:
+        out = explain_sampled(e.cands["id"], e.cands["p"], dist_draw(p.seed, e.draw), e.id, theirs, noise)
+    else:
+        return Explanation("loop", "mirostat and adaptive-p draws are not reconstructed: cannot tell")
+    if assumed:
+        out = Explanation(out.cause, out.text + f" (no real values in the transcript to measure the numeric "
+                                                 f"difference: {DEFAULT_NOISE} assumed)")
+    if multi:
+        where = f"a {slots}-slot server" if slots else "a server that may run several slots"
+        out = Explanation(out.cause, out.text + f" (a placeholder here, on {where}: {MULTI_SLOT_NOISE} nats "
+                                                 "assumed, the largest difference measured on real values of "
+                                                 "concurrent traffic)")
+    return out
+
+
+def real_at(rec: Record, index: int) -> bool:
+    """Whether the transcript holds a real value for generated token `index`."""
+    sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
+                                                                                        events=rec.chunks())
+    return index < len(sent) and not sent[index].is_placeholder
 
 
 def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
@@ -121,20 +221,6 @@ def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | No
     if index < len(probs) and probs[index].top:
         return [(i, lp) for i, _, lp in probs[index].top]
     return None
-
-
-def n_predict_of(body: dict, default: int = -1) -> int:
-    for k in ("n_predict", "max_tokens", "max_completion_tokens"):
-        if body.get(k) is not None:
-            return int(body[k])
-    return default
-
-
-def stop_strings(body: dict) -> tuple[str, ...]:
-    s = body.get("stop")
-    if isinstance(s, str):
-        return (s,)
-    return tuple(x for x in s if isinstance(x, str)) if isinstance(s, list) else ()
 
 
 class Drafts:
@@ -169,22 +255,25 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     final = rec.final() or {}
     profile = profile or profile_of(rec.build_info or final.get("system_fingerprint")) or DEFAULT_PROFILE
     prompt = prompt_ids(rec, target)
-    _check_ids(prompt, target)
-    spec = resolve("speculative", flags=flags, transcript=rec.speculative, props=rec.props, profile=profile)
-    ctx = resolve("context", flags=flags, transcript=rec.speculative, props=rec.props, profile=profile)
+    _check_ids(prompt, target, "prompt")
+    spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
+    ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
     draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
-    params = SamplingParams.from_request(rec.endpoint, rec.request)
-    recorded, _ = recorded_ids(rec, target)
+    settings = request_settings(rec, flags=flags, model_meta=target.meta)
+    recorded = build_plan(rec, lambda t: target.piece(t, special=True))
+    _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
     timings = final.get("timings")
-    if timings is not None:
+    if isinstance(timings, dict):
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-    limits = Limits(n_ctx=ctx.n_ctx or DEFAULT_N_CTX, n_predict=n_predict_of(rec.request),
-                    stop=stop_strings(rec.request))
-    res = run_loop(target, prompt, params, spec, ctx, profile=profile, limits=limits, draft=draft,
-                   n_probs=requested_n_probs(rec.endpoint, rec.request) or 5, recorded=recorded, timings=timings,
+    res = run_loop(target, prompt, settings, spec, ctx, profile=profile, draft=draft,
+                   n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
                    server_state=server_state, stream=rec.stream)
+    res.notes += list(settings.notes)
+    if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
+        res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
     if res.first_divergence is not None:
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
+        res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
     cached = n_prompt_cached(rec.final())
     if cached:
         res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "
@@ -194,23 +283,27 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     return res
 
 
-def trace_prompt(target: Model, prompt: str, *, seed: int, temp: float, n_predict: int, flags: dict | None = None,
-                 profile: str | None = None, drafts: Drafts | None = None) -> TraceResult:
-    """Run the loop from scratch on a text prompt, as a /completion request with these fields."""
+PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
+
+
+def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, profile: str | None = None,
+                 drafts: Drafts | None = None) -> TraceResult:
+    """Run the loop from scratch on a text prompt: a /completion request that sets only the prompt
+    (and 5 probabilities), on a server started with `flags` (--seed 1 and -n 32 unless given)."""
     profile = profile or DEFAULT_PROFILE
-    body = {"prompt": prompt, "seed": seed, "temperature": temp, "n_predict": n_predict, "n_probs": 5}
+    flags = {**PROMPT_DEFAULTS, **(flags or {})}
     ids = target.tokenize(prompt, add_special=True, parse_special=True)
     spec = resolve("speculative", flags=flags, profile=profile)
     ctx = resolve("context", flags=flags, profile=profile)
     draft = (drafts or Drafts()).get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model \
         else None
-    params = SamplingParams.from_request("/completion", body)
-    return run_loop(target, ids, params, spec, ctx, profile=profile,
-                    limits=Limits(n_ctx=ctx.n_ctx or DEFAULT_N_CTX, n_predict=n_predict), draft=draft, n_probs=5)
+    settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
+                         server_sampling(flags=flags, model_meta=target.meta))
+    return run_loop(target, ids, settings, spec, ctx, profile=profile, draft=draft, n_probs=5)
 
 
-def _check_ids(prompt: Sequence[int], target: Model) -> None:
-    bad = next((t for t in prompt if not 0 <= t < target.n_vocab), None)
+def _check_ids(ids: Sequence[int], target: Model, what: str) -> None:
+    bad = next((t for t in ids if not 0 <= t < target.n_vocab), None)
     if bad is not None:
-        raise ModelError(f"prompt token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
+        raise ModelError(f"{what} token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
                          "tokens): the transcript comes from another model")

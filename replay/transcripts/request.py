@@ -1,0 +1,147 @@
+"""How the server ran a recorded request: its effective sampling settings, grammar and limits.
+
+    eff = request_settings(rec, flags=ours, model_meta=target.meta)
+
+Settings come from the layers of settings/sampling.py: the transcript's server flags and /props,
+the model file, the request, and the response's own echo (`generation_settings`: every
+/completion response has it; the OpenAI endpoints only with `"verbose": true`, which
+`spec-replay record` adds).
+
+Grammars (tools/server/server-schema.cpp:251-382, server-common.cpp:1293-1443): the server turns
+`grammar`, `json_schema`, `response_format` and tool definitions into one GBNF grammar, lazy or not,
+with trigger words, patterns and tokens. The echo carries the grammar the server built; without it
+only a request's own GBNF `grammar` can be replayed, and the rest is refused by name.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import TranscriptError
+from ..settings.sampling import Effective, Grammar, check_echo, effective, server_sampling
+from .readers import CHAT, Record
+
+# common_grammar_trigger_type (common/common.h:146-157)
+TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL = 0, 1, 2, 3
+_REASONING_FIELDS = ("reasoning_budget_tokens", "thinking_budget_tokens", "reasoning_budget_message",
+                     "reasoning_control", "thinking")
+
+
+def generation_echo(rec: Record) -> dict | None:
+    """The settings the server echoed for this request (task_params::to_json, server-task.cpp:95-144):
+    /completion's generation_settings, or the `__verbose` copy the OpenAI endpoints add on request."""
+    objs = [rec.final()] if not rec.stream else list(reversed(rec.chunks()))
+    for obj in objs:
+        if not isinstance(obj, dict):
+            continue
+        for holder in (obj, obj.get("__verbose")):
+            echo = holder.get("generation_settings") if isinstance(holder, dict) else None
+            if isinstance(echo, dict):
+                return echo
+    return None
+
+
+def request_settings(rec: Record, *, flags: Mapping[str, Any] | None = None,
+                     model_meta: Callable[[str], str | None] | None = None) -> Effective:
+    """The effective sampling settings, grammar and limits of a recorded request (module docstring)."""
+    for key in _REASONING_FIELDS:
+        if rec.request.get(key) not in (None, False):
+            raise TranscriptError(f"the request sets \"{key}\": the server's reasoning-budget sampler cannot be "
+                                  "replayed yet")
+    defaults = server_sampling(flags=flags, recorded=rec.flags, props=rec.props, model_meta=model_meta)
+    echo = generation_echo(rec)
+    if echo is not None:
+        try:
+            check_echo(echo)
+        except ValueError as e:
+            raise TranscriptError(str(e)) from e
+    eff = effective(rec.endpoint, rec.request, defaults, echo=echo)
+    grammar, source = _grammar(rec, echo, defaults)
+    if grammar is None:
+        return eff
+    return replace(eff, grammar=grammar, sources={**eff.sources, "grammar": source})
+
+
+def regex_escape(word: str) -> str:
+    """common/common.cpp:527-530: escape . ^ $ | ( ) * + ? [ ] { } and backslash."""
+    return re.sub(r"([.^$|()*+?\[\]{}\\])", r"\\\1", word)
+
+
+def _triggers(raw: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Trigger patterns and tokens as common_sampler_init maps them (common/sampling.cpp:225-259)."""
+    patterns: list[str] = []
+    tokens: list[int] = []
+    for t in raw or []:
+        if not isinstance(t, dict):
+            raise TranscriptError("\"grammar_triggers\" must be a list of objects")
+        kind, value = t.get("type"), t.get("value", "")
+        if kind == TRIGGER_TOKEN:
+            tokens.append(int(t.get("token")))
+        elif kind == TRIGGER_WORD:
+            patterns.append(regex_escape(value))
+        elif kind == TRIGGER_PATTERN:
+            patterns.append(value)
+        elif kind == TRIGGER_PATTERN_FULL:
+            anchored = "^$"
+            if value:
+                anchored = ("" if value.startswith("^") else "^") + value + ("" if value.endswith("$") else "$")
+            patterns.append(anchored)
+        else:
+            raise TranscriptError(f"unknown grammar trigger type {kind!r}")
+    return tuple(patterns), tuple(tokens)
+
+
+def _kind(rec: Record, defaults: Mapping) -> str:
+    """common_grammar_type: which grammar the server built (it is not echoed). A chat request's schema,
+    response_format or tools become a tool_calls grammar (server-common.cpp:1429-1443); on the
+    completion endpoints `grammar` wins over `json_schema` (server-schema.cpp:251-285)."""
+    body = rec.request
+    if rec.endpoint == CHAT:
+        if body.get("grammar"):
+            return "user"
+        return "tool_calls"
+    if "grammar" in body:
+        return "tool_calls" if body.get("grammar_type") == "tool_calls" else "user"
+    if body.get("json_schema") is not None:
+        return "output_format"
+    return "output_format" if defaults.get("json_schema", (None,))[0] else "user"
+
+
+def _grammar(rec: Record, echo: Mapping | None, defaults: Mapping) -> tuple[Grammar | None, str]:
+    body = rec.request
+    if echo is not None:
+        text = echo.get("grammar")
+        if not text:
+            return None, "generation_settings"
+        if not isinstance(text, str):
+            raise TranscriptError("\"generation_settings.grammar\" must be a string")
+        patterns, tokens = _triggers(echo.get("grammar_triggers"))
+        return Grammar(text, _kind(rec, defaults), bool(echo.get("grammar_lazy")), patterns, tokens,
+                       echo.get("generation_prompt") or ""), "generation_settings"
+    built = [k for k in ("json_schema", "response_format", "tools") if body.get(k)]
+    fmt = body.get("response_format")
+    if not (isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")):
+        built = [k for k in built if k != "response_format"]  # "text" builds none; /completion ignores it
+    if built and not (rec.endpoint != CHAT and body.get("grammar")):
+        raise TranscriptError(f"the server built a grammar from the request's {', '.join(built)}, and the response "
+                              "does not carry it (only /completion responses, and the others with \"verbose\": "
+                              "true, echo it): record with `spec-replay record`, which asks for it")
+    if isinstance(body.get("grammar"), str) and body["grammar"]:
+        if body.get("grammar_lazy"):
+            patterns, tokens = _triggers(body.get("grammar_triggers"))
+            return Grammar(body["grammar"], _kind(rec, defaults), True, patterns, tokens), "request"
+        return Grammar(body["grammar"], _kind(rec, defaults)), "request"
+    for attr in ("json_schema", "json_schema_file"):
+        if defaults.get(attr, (None,))[0]:
+            raise TranscriptError(f"the server was started with a JSON schema (--{attr.replace('_', '-')}) and the "
+                                  "response does not carry the grammar it built: record with `spec-replay record`")
+    text, source = defaults.get("grammar", (None, "default"))
+    if not text and defaults.get("grammar_file", (None,))[0]:
+        path = Path(defaults["grammar_file"][0])
+        try:
+            text, source = path.read_text(encoding="utf-8"), defaults["grammar_file"][1]
+        except OSError as e:
+            raise TranscriptError(f"cannot read the server's --grammar-file {path}: {e.strerror}") from e
+    return (Grammar(text, "user"), source) if text else (None, "default")

@@ -1,0 +1,57 @@
+"""Why a trace diverged (trace/divergence.py): a draw within the numeric difference of a boundary
+(numerics), or anything else (the loop). The draw is the target chain's own: checked here against
+libllama's dist sampler, so the figures in a divergence report are the server's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from replay.llamacpp.models import tiny_target
+from replay.runtime.llama import Model
+from replay.runtime.sampler import SamplerChain
+from replay.settings.sampling import SamplingParams
+from replay.trace.divergence import dist_draw, explain_greedy, explain_rejection, explain_sampled
+
+IDS = np.array([5, 6, 7])
+P = np.array([0.5, 0.3, 0.2], dtype=np.float32)
+
+
+def test_a_draw_near_the_boundary_to_the_servers_token_is_numerics():
+    # intervals: 5 [0, .5), 6 [.5, .8), 7 [.8, 1); u = .79 picked 6, .01 below 7's interval
+    e = explain_sampled(IDS, P, 0.79, ours=6, theirs=7, noise=0.05)
+    assert e.cause == "numerics" and "lies 0.010000 from the server's token" in e.text
+
+
+def test_a_draw_far_from_it_is_the_loop():
+    e = explain_sampled(IDS, P, 0.60, ours=6, theirs=7, noise=0.05)
+    assert e.cause == "loop" and e.text.startswith("not a near tie")
+
+
+def test_a_token_the_chain_removed_is_the_loop():
+    assert explain_sampled(IDS, P, 0.6, ours=6, theirs=3, noise=0.05).cause == "loop"
+
+
+def test_greedy_near_ties_and_rejection_draws():
+    assert explain_greedy(-0.70, -0.72, 0.05).cause == "numerics"
+    assert explain_greedy(-0.70, -1.50, 0.05).cause == "loop"
+    assert explain_rejection(0.401, p=0.2, q=0.5, noise=0.05).cause == "numerics"  # p/q 0.4
+    assert explain_rejection(0.9, p=0.2, q=0.5, noise=0.05).cause == "loop"
+
+
+@pytest.mark.parametrize("seed", [1, 7, 42, 12345])
+def test_the_draw_is_libllamas_dist_draw(seed):
+    """A chain of dist only, over fixed logits, for several passes: the token it picks is the one whose
+    cumulative-p interval holds our reconstruction of its draw."""
+    with Model(tiny_target()) as m:
+        chain = SamplerChain(m, SamplingParams(samplers=(), seed=seed))
+        logits = np.array([0.1, 1.2, -0.3, 0.8, 0.0, 0.5, 1.0, -1.0], dtype=np.float32)
+        try:
+            for ordinal in range(1, 6):
+                cands, sel = chain.apply(logits)
+                u = dist_draw(seed, ordinal)
+                order = np.argsort(cands["id"])  # dist scans the array as the chain left it: id order here
+                cum = np.cumsum(cands["p"][order].astype(np.float64))
+                picked = int(cands["id"][order][np.searchsorted(cum, u * cum[-1])])
+                assert picked == int(cands["id"][sel])
+        finally:
+            chain.close()

@@ -1,0 +1,306 @@
+"""The field grid: servers configured the way users run them, recorded live from real b11434 servers.
+
+Each case records the same requests from a speculating server and from an unspeculated server with
+the same model file and flags, then asks two things of the speculative transcript:
+
+- recover: every value it fills is the unspeculated server's within 5e-4 nats (same top ids), and
+  it says which settings it used and where each came from;
+- trace: token-exact (`reproduced` true); for concurrent traffic on a multi-slot server, reproduced
+  or its divergence explained, with the cause.
+
+Cases: sampling defaults in the model file (general.sampling.*), sampling flags on the server's
+command line, structured output (grammar, json_schema, response_format, tools), default `-np` (4
+slots, unified KV) with 4 concurrent requests and with sequential ones, streams of multi-byte text.
+The draft is SmolLM2 quantised to Q2_K, so drafts are rejected as well as accepted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run
+from replay.llamacpp.models import SMOLLM2_FILE_DEFAULTS, smollm2_with_defaults
+from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.llamacpp.record import RequestItem, record_one, server_snapshot
+from replay.recovery.recover import recover
+from replay.transcripts.entries import sent_entries
+from replay.transcripts.format import dumps, stream_objects
+
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
+TOL = 5e-4
+
+
+def _entries(t: dict):
+    if t["stream"]:
+        return sent_entries(t["endpoint"], events=stream_objects(t))
+    return sent_entries(t["endpoint"], t["response"])
+
+
+def _record(srv: LlamaServer, endpoint: str, body: dict, snapshot: dict | None = None) -> dict:
+    return record_one(srv.url, RequestItem(endpoint, body), srv.config.flags_block(), snapshot=snapshot)
+
+
+def _check_recovered(spec: dict, plain: dict, model: Path, tmp_path: Path, case: str, *,
+                     spec_args: tuple = (), concurrent: bool = False) -> dict:
+    """recover the speculative transcript; its values must be the plain server's wherever the two
+    runs emitted the same tokens. Where they part (a draw near a boundary that the speculating
+    server's own numerics moved: its KV is built by verify batches), tracing the plain transcript
+    with the speculative flags must part at the same token and explain it by numerics. Returns the
+    record's JSON report."""
+    src = tmp_path / f"{case}.json"
+    src.write_text(dumps(spec))
+    out = tmp_path / f"{case}.repaired.json"
+    r = run("recover", src, "-m", model, "-o", out, "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)["records"][0]
+    c = rep["summary"]["counts"]
+    assert c["mismatch"] == c["unaligned"] == 0 and "error" not in rep, rep.get("error") or rep["notes"]
+    assert c["placeholder"] + c["missing"] > 0, "nothing was speculated: the case proves nothing"
+    if rep["numerics"]["cause"] is not None:
+        assert concurrent and rep["numerics"]["weighted_mean_diff_real"] <= 0.25
+    fixed, truth = _aligned(_entries(json.loads(out.read_text())), _entries(plain))
+    ids_f, ids_t = [f.id for f in fixed], [t.id for t in truth]
+    same = next((k for k, (a, b) in enumerate(zip(ids_f, ids_t)) if a != b), min(len(ids_f), len(ids_t)))
+    if same < min(len(ids_f), len(ids_t)) and not concurrent:
+        tr = _trace(plain, model, tmp_path, f"{case}-plain", *spec_args)[0]
+        assert tr["divergence"] and tr["divergence"]["cause"] == "numerics", (same, tr["divergence"])
+        print(f"\n{case}: the runs part at token {same}: {tr['divergence']['text']}")
+    assert same >= 8 or concurrent, f"only {same} tokens in common with the unspeculated run"
+    filled = {t["index"] for t in rep["tokens"] if t["status"] in ("placeholder", "missing")}
+    worst = 0.0
+    for k, (f, t) in enumerate(zip(fixed[:same], truth[:same])):
+        assert f.kind == t.kind and [x[0] for x in f.top] == [x[0] for x in t.top], (f, t)
+        if concurrent and k not in filled:
+            continue  # the server's own values, batched with other requests, kept as sent
+        for a, b in [(f.logprob, t.logprob)] + [(x[2], y[2]) for x, y in zip(f.top, t.top)]:
+            if math.isfinite(a) or math.isfinite(b):
+                worst = max(worst, abs(a - b))
+    assert worst <= TOL, f"{case}: recover vs unspeculated server: max |diff| {worst:.2e}"
+    print(f"\n{case}: max |recovered - unspeculated| {worst:.2e} over {same} tokens")
+    rep["compared_with_unspeculated"] = same
+    return rep
+
+
+def _aligned(fixed: list, truth: list) -> tuple[list, list]:
+    """The repaired file holds entries for tokens the server held back (they ended inside a UTF-8
+    character, so it sent nothing for them): drop those to line the two up."""
+    out, j = [], 0
+    for t in truth:
+        while j < len(fixed) and fixed[j].id != t.id and fixed[j].token == "" and t.token != "":
+            j += 1
+        if j == len(fixed):
+            break
+        out.append(fixed[j])
+        j += 1
+    return out, truth[:len(out)]
+
+
+def _trace(spec: dict | list[dict], model: Path, tmp_path: Path, case: str, *extra: str) -> list[dict]:
+    src = tmp_path / f"{case}.trace.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in (spec if isinstance(spec, list) else [spec])))
+    r = run("trace", src, "-m", model, "--json", *extra)
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    d = json.loads(r.stdout)
+    return d["records"] if "records" in d else [d]
+
+
+def _spec(draft: Path) -> tuple[str, ...]:
+    return ("-md", str(draft), "--spec-type", "draft-simple")
+
+
+def _settings(rep: dict) -> dict[str, tuple]:
+    return {s["setting"]: (s["value"], s["source"]) for s in rep["settings"]}
+
+
+@pytest.fixture
+def pair(start_server, smollm2_draft):
+    """pair(model, **flags) -> (speculating server, unspeculated server), same model file and flags."""
+    def make(model: Path, **flags) -> tuple[LlamaServer, LlamaServer]:
+        spec = start_server(ServerConfig(model, draft_model=smollm2_draft, spec_types=("draft-simple",), **flags))
+        return spec, start_server(ServerConfig(model, **flags))
+    return make
+
+
+def test_sampling_defaults_in_the_model_file_apply_under_a_request_that_sets_only_the_temperature(
+        pair, smollm2_draft, tmp_path):
+    model = smollm2_with_defaults()
+    spec, plain = pair(model)
+    for k, (endpoint, body) in enumerate([
+            ("/completion", {"prompt": "Once upon a time", "n_predict": 48, "n_probs": 3, "temperature": 1,
+                             "seed": 11}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Tell me about the sea."}],
+                                      "max_tokens": 48, "logprobs": True, "top_logprobs": 3, "temperature": 1,
+                                      "seed": 12, "post_sampling_probs": True})]):
+        s, p = _record(spec, endpoint, body), _record(plain, endpoint, body)
+        rep = _check_recovered(s, p, model, tmp_path, f"file-defaults-{k}", spec_args=_spec(smollm2_draft))
+        got = _settings(rep)
+        assert got["--top-k"] == (SMOLLM2_FILE_DEFAULTS["top_k"], "model file")
+        assert got["--repeat-penalty"][1] == "model file" and got["--temp"][1] == "request"
+        tr = _trace(s, model, tmp_path, f"file-defaults-{k}", "-md", smollm2_draft)[0]
+        assert tr["reproduced"] is True, tr["notes"]
+
+
+def test_sampling_flags_on_the_server_command_line(pair, smollm2, smollm2_draft, tmp_path):
+    flags = {"top_k": 8, "penalty_repeat": 1.1, "min_p": 0.02}
+    spec, plain = pair(smollm2, **flags)
+    body = {"prompt": "The best way to learn a language is", "n_predict": 48, "n_probs": 3, "temperature": 1.2,
+            "seed": 21}
+    s, p = _record(spec, "/completion", body), _record(plain, "/completion", body)
+    rep = _check_recovered(s, p, smollm2, tmp_path, "server-flags", spec_args=_spec(smollm2_draft))
+    assert _settings(rep)["--top-k"] == (8, "server.flags")
+    tr = _trace(s, smollm2, tmp_path, "server-flags", "-md", smollm2_draft)[0]
+    assert tr["reproduced"] is True, tr["notes"]
+    # a transcript recorded by another tool carries no flags: the user passes them as the server's
+    bare = json.loads(json.dumps(s))
+    del bare["server"]["flags"]
+    del bare["server"]["props"]  # nor /props: nothing to read them back from
+    bare["response"].pop("generation_settings")
+    without = _trace(bare, smollm2, tmp_path, "server-flags-bare", "-md", smollm2_draft, "--spec-type",
+                     "draft-simple")[0]
+    assert without["reproduced"] is False
+    told = _trace(bare, smollm2, tmp_path, "server-flags-told", "-md", smollm2_draft, "--spec-type",
+                  "draft-simple", "--top-k", "8", "--repeat-penalty", "1.1", "--min-p", "0.02")[0]
+    assert told["reproduced"] is True, told["notes"]
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "city": {"type": "string"}},
+          "required": ["name", "age", "city"]}
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+PERSON = "Describe a fictional person as JSON with name, age and city."
+STRUCTURED = {
+    "completion-json_schema": ("/completion", {"prompt": PERSON + "\n", "json_schema": SCHEMA, "n_predict": 64,
+                                               "n_probs": 2}),
+    "completion-grammar": ("/completion", {"prompt": "Count in words: ", "n_predict": 40, "n_probs": 2,
+                                           "grammar": 'root ::= ("one" | "two" | "three" | " " | "," )+'}),
+    "chat-json_object": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PERSON}],
+                                                  "response_format": {"type": "json_object"}, "max_tokens": 64,
+                                                  "logprobs": True, "top_logprobs": 2}),
+    "chat-json_schema": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PERSON}],
+                                                  "response_format": {"type": "json_schema", "json_schema": {
+                                                      "name": "person", "schema": SCHEMA}},
+                                                  "max_tokens": 64, "logprobs": True, "top_logprobs": 2}),
+}
+
+
+@pytest.mark.parametrize("case", list(STRUCTURED))
+@pytest.mark.parametrize("temp", [0.0, 1.0], ids=["greedy", "t1"])
+def test_structured_output_is_replayed_through_the_grammar(pair, smollm2, smollm2_draft, tmp_path, case, temp):
+    spec, plain = pair(smollm2)
+    endpoint, body = STRUCTURED[case]
+    body = {**body, "temperature": temp, "seed": 31}
+    s, p = _record(spec, endpoint, body), _record(plain, endpoint, body)
+    rep = _check_recovered(s, p, smollm2, tmp_path, f"{case}-t{temp:g}", spec_args=_spec(smollm2_draft))
+    assert "--grammar" in _settings(rep)
+    tr = _trace(s, smollm2, tmp_path, case, "-md", smollm2_draft)[0]
+    assert tr["reproduced"] is True, tr["notes"]
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_tool_call_grammars_are_replayed(start_server, b11434, smollm2, smollm2_draft, tmp_path, tool_choice):
+    """Tools with a template that supports them (Qwen2.5's, from the build's own models/templates):
+    `required` gives a grammar over the whole reply, prefilled with the generation prompt; `auto` a
+    lazy grammar that starts at its trigger ("<tool_call>")."""
+    template = Path(b11434.manifest["source"]) / "models" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    args = ("--jinja", "--chat-template-file", str(template))
+    spec = start_server(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",),
+                                     extra_args=args))
+    plain = start_server(ServerConfig(smollm2, extra_args=args))
+    for k, temp in enumerate((0.0, 1.0)):
+        body = {"messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
+                "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 64, "logprobs": True,
+                "top_logprobs": 2, "temperature": temp, "seed": 61}
+        s, p = _record(spec, "/v1/chat/completions", body), _record(plain, "/v1/chat/completions", body)
+        echo = s["response"]["__verbose"]["generation_settings"]
+        assert echo["grammar"] and echo["grammar_lazy"] is (tool_choice == "auto")
+        rep = _check_recovered(s, p, smollm2, tmp_path, f"tools-{tool_choice}-{k}", spec_args=_spec(smollm2_draft))
+        assert _settings(rep)["--grammar"][0].startswith("tool")
+        tr = _trace(s, smollm2, tmp_path, f"tools-{tool_choice}-{k}", "-md", smollm2_draft)[0]
+        assert tr["reproduced"] is True, tr["notes"]
+        print(f"tools {tool_choice} t{temp:g}: {s['response']['choices'][0]['message']}")
+
+
+STORY = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
+         "in his book. ")
+
+
+def _concurrent_bodies() -> list[dict]:
+    return [{"prompt": STORY * (1 + 3 * k) + f"Question {k}: what happened next?", "n_predict": 48,
+             "n_probs": 3, "temperature": 1.0, "seed": 40 + k} for k in range(4)]
+
+
+@pytest.fixture
+def default_np(start_server, smollm2, smollm2_draft):
+    """The server as users start it: default -np (auto: 4 slots, unified KV), speculating, and the
+    unspeculated reference (one request at a time)."""
+    spec = start_server(ServerConfig(smollm2, n_parallel=-1, draft_model=smollm2_draft,
+                                     spec_types=("draft-simple",)))
+    return spec, start_server(ServerConfig(smollm2))
+
+
+def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm2_draft, tmp_path):
+    spec, plain = default_np
+    bodies = _concurrent_bodies()
+    snap = server_snapshot(spec.url)
+    assert snap["props"]["total_slots"] == 4
+    out: list[dict | None] = [None] * 4
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, _record(spec, "/completion", bodies[i], snap)))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(out)
+    batched = compared = 0
+    for k, s in enumerate(out):
+        rep = _check_recovered(s, _record(plain, "/completion", bodies[k]), smollm2, tmp_path, f"concurrent-{k}",
+                               concurrent=True)
+        assert rep["numerics"]["slots"] == 4
+        batched += rep["numerics"]["cause"] == "batch composition"
+        compared += rep["compared_with_unspeculated"]
+    assert compared >= 16, f"only {compared} filled values could be compared with the unspeculated server"
+    for tr in _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft):
+        assert tr["reproduced"] is True or (tr["divergence"] and tr["divergence"]["cause"] == "numerics"), \
+            (tr["first_divergence"], tr["divergence"], tr["notes"])
+    print(f"\nconcurrent: {batched} of 4 records' real values judged batch numerics")
+
+
+def test_default_slots_with_sequential_requests_are_exact(default_np, smollm2, smollm2_draft, tmp_path):
+    spec, plain = default_np
+    recs = []
+    for k, body in enumerate(_concurrent_bodies()):
+        s = _record(spec, "/completion", body)
+        rep = _check_recovered(s, _record(plain, "/completion", body), smollm2, tmp_path, f"sequential-{k}", spec_args=_spec(smollm2_draft))
+        assert rep["numerics"]["cause"] is None and rep["summary"]["counts"]["ok"] >= 1
+        recs.append(s)
+    assert all(tr["reproduced"] is True for tr in _trace(recs, smollm2, tmp_path, "sequential", "-md", smollm2_draft))
+
+
+MULTIBYTE = {
+    "completion": ("/completion", {"prompt": "Voici une phrase en français, avec des accents : « Élodie",
+                                   "n_predict": 40, "n_probs": 2}),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content":
+                                                    "Écris une phrase en français avec des accents et un emoji 🌊."}],
+                                      "max_tokens": 40, "logprobs": True, "top_logprobs": 2}),
+    "v1-completions": ("/v1/completions", {"prompt": "Ça commence à être très élégant — déjà «", "max_tokens": 40,
+                                           "logprobs": 2}),
+}
+
+
+@pytest.mark.parametrize("case", list(MULTIBYTE))
+def test_streams_of_multibyte_text_align_on_chunk_boundaries(pair, smollm2, smollm2_draft, tmp_path, case):
+    spec, plain = pair(smollm2)
+    endpoint, body = MULTIBYTE[case]
+    body = {**body, "temperature": 1.0, "seed": 51, "stream": True}
+    s = _record(spec, endpoint, body)
+    p = _record(plain, endpoint, body)
+    assert any(ord(ch) > 127 for ch in "".join(str(e) for e in stream_objects(s)))
+    _check_recovered(s, p, smollm2, tmp_path, f"stream-{case}", spec_args=_spec(smollm2_draft))
+    tr = _trace(s, smollm2, tmp_path, f"stream-{case}", "-md", smollm2_draft)[0]
+    assert tr["reproduced"] is True and tr["compared"], (tr["compared"], tr["notes"])

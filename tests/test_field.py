@@ -26,7 +26,6 @@ from cli_helpers import run
 from replay.llamacpp.models import SMOLLM2_FILE_DEFAULTS, smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.llamacpp.record import RequestItem, record_one, server_snapshot
-from replay.recovery.recover import recover
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.format import dumps, stream_objects
 

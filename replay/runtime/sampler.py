@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import llama_cpp as L
 import numpy as np

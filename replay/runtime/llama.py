@@ -65,7 +65,10 @@ class DecodeError(SpecReplayError):
 
 
 class _Owner:
-    """One owner per C handle: close() frees it once; `with` and garbage collection close too."""
+    """One owner per C handle: close() frees it once; `with` and garbage collection close too
+    (also when __init__ failed before it took a handle)."""
+
+    _ptr = None
 
     def close(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError

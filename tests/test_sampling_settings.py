@@ -122,3 +122,18 @@ def test_the_servers_echo_wins_and_a_disagreement_is_noted():
 def test_a_field_the_server_would_refuse_is_named(body, message):
     with pytest.raises(TranscriptError, match=message):
         effective("/completion", body, server_sampling())
+
+
+def test_the_chain_parameters_default_to_the_settings_tables_values():
+    """SamplingParams' defaults are the table's (one place to read a default from); the seed is the
+    table's -1 as the server stores it (LLAMA_DEFAULT_SEED, uint32)."""
+    import dataclasses
+
+    from replay.settings.sampling import SamplingParams
+    from replay.settings.table import BY_ATTR, rows
+    params = SamplingParams()
+    fields = {f.name for f in dataclasses.fields(SamplingParams)}
+    for s in rows("sampling"):
+        if s.attr in fields and s.attr not in ("seed", "logit_bias", "samplers", "dry_sequence_breakers"):
+            assert getattr(params, s.attr) == pytest.approx(s.default), s.flag
+    assert params.seed == BY_ATTR["seed"].default & 0xFFFFFFFF

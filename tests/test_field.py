@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import run
+from cli_helpers import one_error, run
 from replay.llamacpp.models import SMOLLM2_FILE_DEFAULTS, smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.llamacpp.record import RequestItem, record_one, server_snapshot
@@ -264,6 +264,11 @@ def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm
         batched += rep["numerics"]["cause"] == "batch composition"
         compared += rep["compared_with_unspeculated"]
     assert compared >= 16, f"only {compared} filled values could be compared with the unspeculated server"
+    # the batch rule still tells a wrong model file apart: the Q2_K draft passed as the target
+    for k in range(4):
+        err = one_error(run("recover", tmp_path / f"concurrent-{k}.json", "-m", smollm2_draft, "-o",
+                            tmp_path / f"wrong-{k}.json"))
+        assert "not the server's" in err and not (tmp_path / f"wrong-{k}.json").exists(), err
     for tr in _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft):
         assert tr["reproduced"] is True or (tr["divergence"] and tr["divergence"]["cause"] == "numerics"), \
             (tr["first_divergence"], tr["divergence"], tr["notes"])

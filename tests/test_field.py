@@ -201,28 +201,38 @@ def test_structured_output_is_replayed_through_the_grammar(pair, smollm2, smollm
     assert tr["reproduced"] is True, tr["notes"]
 
 
+# a system prompt and one example call, so SmolLM2 answers with a call
+TOOL_CHAT = [
+    {"role": "system", "content": 'You call tools. To get the weather, answer only with <tool_call>\n{"name": '
+                                  '"get_weather", "arguments": {"city": CITY}}\n</tool_call>'},
+    {"role": "user", "content": "Weather in London?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "London"}'}}]},
+    {"role": "user", "content": "Weather in Paris?"},
+]
+
+
 @pytest.mark.parametrize("tool_choice", ["required", "auto"])
 def test_tool_call_grammars_are_replayed(start_server, b11434, smollm2, smollm2_draft, tmp_path, tool_choice):
-    """Tools with a template that supports them (Qwen2.5's, from the build's own models/templates):
-    `required` gives a grammar over the whole reply, prefilled with the generation prompt; `auto` a
-    lazy grammar that starts at its trigger ("<tool_call>")."""
+    """Tools with a template that supports them (Qwen2.5's, from the build's own models/templates),
+    and a reply that calls one: `required` gives a grammar over the whole reply, prefilled with the
+    generation prompt; `auto` a lazy grammar that starts at its trigger ("<tool_call>")."""
     template = Path(b11434.manifest["source"]) / "models" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
     args = ("--jinja", "--chat-template-file", str(template))
     spec = start_server(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",),
                                      extra_args=args))
     plain = start_server(ServerConfig(smollm2, extra_args=args))
     for k, temp in enumerate((0.0, 1.0)):
-        body = {"messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
-                "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 64, "logprobs": True,
-                "top_logprobs": 2, "temperature": temp, "seed": 61}
+        body = {"messages": TOOL_CHAT, "tools": TOOLS, "tool_choice": tool_choice, "max_tokens": 64,
+                "logprobs": True, "top_logprobs": 2, "temperature": temp, "seed": 61}
         s, p = _record(spec, "/v1/chat/completions", body), _record(plain, "/v1/chat/completions", body)
+        assert s["response"]["choices"][0]["message"]["tool_calls"], "no tool call: the case proves little"
         echo = s["response"]["__verbose"]["generation_settings"]
         assert echo["grammar"] and echo["grammar_lazy"] is (tool_choice == "auto")
         rep = _check_recovered(s, p, smollm2, tmp_path, f"tools-{tool_choice}-{k}", spec_args=_spec(smollm2_draft))
         assert _settings(rep)["--grammar"][0].startswith("tool")
         tr = _trace(s, smollm2, tmp_path, f"tools-{tool_choice}-{k}", "-md", smollm2_draft)[0]
         assert tr["reproduced"] is True, tr["notes"]
-        print(f"tools {tool_choice} t{temp:g}: {s['response']['choices'][0]['message']}")
 
 
 STORY = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "

@@ -75,7 +75,7 @@ def test_record_writes_a_transcript(self_draft_server, tmp_path):
     assert r.exit_code == 0, r.output
     t = json.loads(out.read_text())
     assert t["format"] == "spec-replay-transcript" and t["version"] == 1
-    assert t["server"]["speculative"]["types"] == ["draft-simple"]
+    assert t["server"]["flags"]["--spec-type"] == ["draft-simple"]
     assert t["server"]["slots"][0]["speculative"] is True
     assert t["response"]["choices"][0]["logprobs"]["content"]
 

@@ -78,7 +78,7 @@ def test_transcript_prompt_ids_match_what_the_server_evaluated(self_draft_server
     assert len(t["prompt_tokens"]) == t["response"]["usage"]["prompt_tokens"]
     assert t["server"]["build_info"].startswith("b11434-")
     assert t["response"]["system_fingerprint"].startswith("b11434-")
-    assert t["server"]["speculative"]["types"] == ["draft-simple"]
+    assert t["server"]["flags"]["--spec-type"] == ["draft-simple"]
     assert t["added_fields"] == ["cache_prompt", "return_tokens", "verbose"] and t["request"]["cache_prompt"] is False
 
 

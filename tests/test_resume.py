@@ -58,8 +58,11 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(big_jsonl, uninterrupted, 
     out = tmp_path / "out.jsonl"
     partial = tmp_path / "out.jsonl.partial"
     stop_after = random.Random(sig).randrange(5, N_RECORDS - 20)
+    # SIGINT as a terminal sends it, whatever the test runner inherited (a shell's background job
+    # starts with SIGINT ignored, and Python then never installs its KeyboardInterrupt handler)
     p = subprocess.Popen(_cmd("recover", big_jsonl, "-m", tiny_target(), "-o", out),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while _lines(partial) < stop_after and p.poll() is None and time.time() < deadline:
         time.sleep(0.005)

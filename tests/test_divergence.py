@@ -55,3 +55,16 @@ def test_the_draw_is_libllamas_dist_draw(seed):
                 assert picked == int(cands["id"][sel])
         finally:
             chain.close()
+
+
+def test_near_ties_in_the_order_can_swap_two_intervals():
+    """p 0.36 and 0.34 sit within e^(2 * 0.05) of each other: the server's array may hold them in
+    either order, so a draw at 0.30 (inside the first interval here) can fall in the other's."""
+    ids, p = np.array([1, 2, 3]), np.array([0.36, 0.34, 0.30], dtype=np.float32)
+    assert explain_sampled(ids, p, 0.30, ours=1, theirs=2, noise=0.05).cause == "numerics"
+    assert explain_sampled(ids, p, 0.30, ours=1, theirs=2, noise=0.001).cause == "loop"
+
+
+def test_a_trace_token_outside_the_kept_candidates_still_gets_an_explanation():
+    e = explain_sampled(IDS, P, 0.79, ours=99, theirs=7, noise=0.05)
+    assert e.cause == "numerics" and "outside the kept candidates" in e.text

@@ -137,3 +137,18 @@ def test_the_chain_parameters_default_to_the_settings_tables_values():
         if s.attr in fields and s.attr not in ("seed", "logit_bias", "samplers", "dry_sequence_breakers"):
             assert getattr(params, s.attr) == pytest.approx(s.default), s.flag
     assert params.seed == BY_ATTR["seed"].default & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("bad", ["15043+", "15043+x"])
+def test_a_malformed_logit_bias_flag_is_a_one_line_error(bad):
+    from replay.settings.sampling import parse_logit_bias
+    with pytest.raises(TranscriptError, match="TOKEN_ID"):
+        parse_logit_bias([bad], cli=True)
+
+
+@pytest.mark.parametrize("trigger", [{"type": 0, "value": "x"}, {"type": 0, "token": None},
+                                     {"type": 1, "value": 5}])
+def test_a_malformed_grammar_trigger_is_refused_by_name(trigger):
+    from replay.transcripts.request import _triggers
+    with pytest.raises(TranscriptError, match="trigger"):
+        _triggers([trigger])

@@ -24,7 +24,7 @@ from typing import Callable
 from ..recovery.compare import DEFAULT_TOLERANCE
 from ..runtime.llama import Model
 from ..trace.run import Drafts, trace_record
-from ..transcripts.entries import SentEntry, sent_entries
+from ..transcripts.entries import SentEntry, record_entries
 from ..transcripts.format import dumps
 from ..transcripts.readers import Record, read_text
 from .build import Binaries
@@ -133,10 +133,6 @@ def _record(srv: LlamaServer, setup: Setup, endpoint: str, body: dict) -> Record
     return read_text(dumps(t), f"{setup.name} {endpoint}")[0]
 
 
-def _entries(rec: Record) -> list[SentEntry]:
-    return sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint, events=rec.chunks())
-
-
 def _diff(a: float, b: float) -> float:
     if a == b:
         return 0.0
@@ -211,7 +207,7 @@ def _check_one(row: Row, setup: Setup, rec: Record, target: Model, server_state:
     if not res.reproduced:
         row.problems.append(f"seed {seed}: trace did not reproduce the server (token {res.first_divergence})")
         return
-    got = _entries(rec)
+    got = record_entries(rec)
     emitted = res.emitted
     if rec.stream and len(got) == len(emitted) - 1 and target.is_eog(emitted[-1].id):
         emitted = emitted[:-1]  # a stream sends no chunk, hence no entry, for the final end-of-generation token
@@ -231,7 +227,7 @@ def _check_one(row: Row, setup: Setup, rec: Record, target: Model, server_state:
     if not setup.sample_and_match:
         return
     ref_rec = _record(ref, setup, rec.endpoint, body)
-    ref_got = _entries(ref_rec)
+    ref_got = record_entries(ref_rec)
     if [g.id for g in ref_got] != [g.id for g in got]:
         row.problems.append(f"seed {seed}: tokens differ from the unspeculated server's")
         return

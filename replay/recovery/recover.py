@@ -138,7 +138,7 @@ class Recoverer:
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
         rep.settings = [(k, list(v) if isinstance(v, tuple) else v, src) for k, v, src in settings.describe()]
         rep.notes += settings.notes
-        plan = build_plan(rec, self.piece)
+        plan = build_plan(rec, self.piece, settings.stop)
         self.check_vocab(rec, plan)
         prompt = prompt_ids(rec, self.model)
         for t in prompt:
@@ -172,7 +172,9 @@ class Recoverer:
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         rep.tokens = [o.report for o in outcomes]
         if rep.batched:
-            worst = max(abs(t.server_logprob - t.true_logprob) for t in rep.tokens if t.real_pairs)
+            worst = max((abs(t.server_logprob - t.true_logprob) for t in rep.tokens
+                         if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
+                        default=rep.weighted_diff)
             rep.notes.append(f"the server's real values differ from a one-request evaluation by up to {worst:.3g} "
                              f"nats ({rep.weighted_diff:.3g} weighted by probability, first entry and record): it ran "
                              f"{rep.slots or 'possibly several'} slots, and requests decoded in the same batches "

@@ -1,4 +1,4 @@
-"""The target sampler chain, built from a request the way llama-server builds it.
+"""The target sampler chain, built from effective settings the way llama-server builds it.
 
 Mirrors `common_sampler_init` (common/sampling.cpp:191-444, b11434) using
 libllama's own `llama_sampler_*` through ctypes, so every sampler's arithmetic
@@ -7,17 +7,17 @@ is the server's:
     [logit_bias(user biases + EOG biases if ignore_eos + suppress tokens)]   :329-342
     for s in samplers (default penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature):
         the matching llama_sampler_init_* (disabled ones are no-ops in libllama)   :344-398
-    dist(seed)                                                                 :400-406
+    dist(seed), or adaptive-p in its place                                     :400-406
     (mirostat 1/2: temp + mirostat instead)                                    :407-413
 
-Request fields and defaults follow tools/server/server-schema.cpp:11-516 and
-common/common.h:227-303. The prompt is fed to the chain's history before the
-first sample (server-context.cpp:418-440, `common_sampler_accept(.., false)`).
+and, beside the chain, the request's grammar (GrammarSampler: check the sampled token, resample
+with the grammar applied on rejection, as common_sampler_sample does). The settings come from
+settings/sampling.py (request > flags > model file > defaults). The prompt is fed to the chain's
+history before the first sample (server-context.cpp:418-440, `common_sampler_accept(.., false)`).
 
-`Candidates.after_chain()` gives the post-sampling candidate list the server
-reports with `post_sampling_probs` (server-context.cpp:2097-2125): the chain's
-`cur_p`, sorted by p descending when a sampler left it unsorted
-(`common_sampler_get_candidates`, common/sampling.cpp:861-886).
+`SamplerChain.apply()` gives the post-sampling candidate list the server reports with
+`post_sampling_probs` (server-context.cpp:2097-2125): the chain's `cur_p`, sorted by p descending
+when a sampler left it unsorted (`common_sampler_get_candidates`, common/sampling.cpp:861-886).
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ class GrammarSampler:
     (common/sampling.cpp:225-311): lazy with its trigger patterns and tokens, or not; an
     output-format or tool-call grammar that is not lazy is first fed the generation prompt."""
 
+    _ptr = None  # (so close() works when __init__ failed before it took a handle)
+
     def __init__(self, model, grammar: Grammar):
         self.model, self.grammar = model, grammar
         text = grammar.text.encode()
@@ -70,11 +72,15 @@ class GrammarSampler:
         self._one = np.zeros(1, dtype=TOKEN_DATA)
         if not grammar.lazy and grammar.kind in ("output_format", "tool_calls") and grammar.generation_prompt:
             prompt = grammar.generation_prompt
-            for i, tok in enumerate(model.tokenize(prompt, add_special=False, parse_special=True)):
-                piece = model.piece(tok, special=True)
-                if i == 0 and piece[:1].isspace() and not prompt[:1].isspace():
-                    continue  # a space some tokenizers put before the first special token (:287-292)
-                self.accept(tok)
+            try:
+                for i, tok in enumerate(model.tokenize(prompt, add_special=False, parse_special=True)):
+                    piece = model.piece(tok, special=True)
+                    if i == 0 and piece[:1].isspace() and not prompt[:1].isspace():
+                        continue  # a space some tokenizers put before the first special token (:287-292)
+                    self.accept(tok)
+            except BaseException:
+                self.close()
+                raise
 
     def _apply(self, cands: np.ndarray) -> None:
         arr = L.llama_token_data_array(data=cands.ctypes.data_as(ctypes.POINTER(L.llama_token_data)),
@@ -109,6 +115,9 @@ class GrammarSampler:
 class SamplerChain:
     """A libllama sampler chain built like common_sampler_init, with its own history, and the
     request's grammar beside it."""
+
+    grammar: GrammarSampler | None = None  # (so close() works when __init__ failed early)
+    _chain = None
 
     def __init__(self, model, params: SamplingParams, grammar: Grammar | None = None):
         self.params = params

@@ -13,12 +13,13 @@ The server's layers (b11434; research notes in the module of each rule):
     3. the model file's general.sampling.* keys, for settings whose flag was not given
        (the flag sets a user_sampling_config bit)            common/common.cpp:1087-1146
     4. the request's fields                                  tools/server/server-schema.cpp:519-551
-    5. the response's own echo (/completion's generation_settings), when the transcript has it: the
-       values the server really used; where it disagrees with 1-4 the echo wins and a note says so
+    5. the response's own echo (/completion's generation_settings; the OpenAI endpoints' under
+       __verbose when the request asked for verbose, as `record` does), when the transcript has it:
+       the values the server really used; where it disagrees with 1-4 the echo wins and a note says so
 
 /props' default_generation_settings.params, captured by `record`, is the server's merge of 1-3
-(except n_predict, stop, logit bias and grammar, which it does not show); it is used instead of
-our own merge for the keys it shows.
+(except n_predict, stop, logit bias and grammar, which it does not show); where it disagrees with
+our own merge it wins (source "/props"), except over a flag given on our command line.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..errors import TranscriptError
-from .table import BY_ATTR, Setting, rows
+from .table import BY_ATTR, rows
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 INT32 = 2**31
@@ -243,8 +244,9 @@ def server_sampling(*, flags: Mapping[str, Any] | None = None, recorded: Mapping
             if key not in _PROPS_KEYS or key in _NOT_IN_PROPS or value is None:
                 continue
             attr = "samplers" if key == "samplers" else _PROPS_KEYS[key].attr
-            if attr in given and given[attr][1] == "command line":
-                continue  # the user says otherwise
+            ours = given.get(attr) or (given.get("sampling_seq") if attr == "samplers" else None)
+            if ours is not None and ours[1] == "command line":
+                continue  # the user says otherwise (--samplers or --sampling-seq)
             if key == "samplers":
                 v = samplers_from_names(list(value))
             elif attr == "seed":
@@ -333,7 +335,10 @@ def parse_logit_bias(v: Any, *, cli: bool = False) -> list[tuple[Any, float]]:
             for sign in ("+", "-"):
                 tok, sep, bias = item.partition(sign)
                 if sep and tok.strip().isdigit():
-                    b = float(bias)
+                    try:
+                        b = float(bias)
+                    except ValueError:
+                        raise TranscriptError(f"-l {item!r} is not TOKEN_ID(+/-)BIAS") from None
                     out.append((int(tok), b if sign == "+" else -b))
                     break
             else:
@@ -436,7 +441,7 @@ def effective(endpoint: str, body: Mapping, defaults: Layer, *, echo: Mapping | 
             raise TranscriptError("\"min_keep\" must not be negative")
         p.min_keep, sources["min_keep"] = v, "request"
     # generation limits
-    key = _first(body, rows_by_attr("n_predict").request)
+    key = _first(body, BY_ATTR["n_predict"].request)
     n_predict, sources["n_predict"] = server_n_predict, defaults["n_predict"][1]
     if key is not None:
         v = _request_number(body, key, "int")
@@ -456,10 +461,6 @@ def effective(endpoint: str, body: Mapping, defaults: Layer, *, echo: Mapping | 
     p.temp = _c_float(p.temp) if p.temp == p.temp else p.temp
     eff = Effective(p, n_predict, stop, None, sources)
     return reconcile(eff, echo) if echo else eff
-
-
-def rows_by_attr(attr: str) -> Setting:
-    return next(s for s in rows("sampling") if s.attr == attr)
 
 
 # --- layer 5: the server's own echo -----------------------------------------------------------

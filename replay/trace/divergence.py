@@ -71,7 +71,7 @@ def explain_sampled(ids: np.ndarray, p: np.ndarray, u: float, ours: int, theirs:
     if theirs not in where:
         return Explanation("loop", f"the server's token is not among the trace's {len(ids)} candidates after the "
                                    "sampler chain: not a near tie")
-    j, jb = where[ours], where[theirs]
+    j, jb = where.get(ours), where[theirs]
     pt, f = float(p64[jb]), math.exp(2 * noise)
     others = np.arange(len(p64)) != jb
     ahead = float(p64[others & (p64 > pt * f)].sum())
@@ -80,7 +80,8 @@ def explain_sampled(ids: np.ndarray, p: np.ndarray, u: float, ours: int, theirs:
     start = cum[jb - 1] if jb else 0.0
     margin = max(start - u, u - cum[jb], 0.0)
     inside = lo <= u < hi
-    figures = (f"u {u:.6f}; the trace's token holds [{(cum[j - 1] if j else 0.0):.6f}, {cum[j]:.6f}), the "
+    held = "outside the kept candidates" if j is None else f"[{(cum[j - 1] if j else 0.0):.6f}, {cum[j]:.6f})"
+    figures = (f"u {u:.6f}; the trace's token holds {held}, the "
                f"server's token (p {pt:.4f}) [{start:.6f}, {cum[jb]:.6f}): the draw lies {margin:.6f} from the "
                f"server's token, and a numeric difference of {noise:.3g} nats lets that token hold anything "
                f"within [{lo:.6f}, {hi:.6f})")

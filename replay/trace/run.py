@@ -1,11 +1,14 @@
 """Trace a recorded request (or a fresh prompt) through the server's loop and check it.
 
     trace_record(rec, target, ...) -> TraceResult     the loop with the transcript's settings,
-                                                      compared token by token with what it recorded
+                                                      compared with what it recorded: token ids where
+                                                      known, else text (chunk by chunk for streams)
     trace_prompt(target, prompt, ...) -> TraceResult  the loop from scratch
 
-The server's settings resolve from our flags, the transcript and its /props
-(settings/config.py); the loop's profile from `--profile` or the transcript's build_info.
+The server's flags resolve from ours, the transcript and its /props (settings/config.py), the
+sampling settings layer by layer (settings/sampling.py, transcripts/request.py); the loop's
+profile from `--profile` or the transcript's build_info. A divergence is explained by
+trace/divergence.py.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
 from ..settings import ContextConfig, SpecConfig, describe, resolve
 from ..settings.sampling import Effective, effective, server_sampling
-from ..transcripts.entries import n_prompt_cached, sent_entries
+from ..transcripts.entries import n_prompt_cached, record_entries
 from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record
 from .divergence import DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection, explain_sampled, \
@@ -106,6 +109,8 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
             text += target.piece(ids[i], special=False)
             i += 1
         if text != item.data:
+            if item.data.startswith(text):
+                return i  # the trace ended inside the gap
             # the first token whose bytes leave the gap's text
             acc = b""
             for k in range(start, i):
@@ -152,8 +157,7 @@ def real_value_pairs(res: TraceResult, rec: Record, upto: int | None = None) -> 
     """(server, trace) logprob of every real value the transcript holds for a token the trace emitted
     the same, its alternatives matched by id (the trace reports with the transcript's mode), up to
     and including index `upto` (after a divergence the two condition on different tokens)."""
-    sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
-                                                                                        events=rec.chunks())
+    sent = record_entries(rec)
     pairs = []
     n = len(res.emitted) if upto is None else upto + 1
     for k, (e, s) in enumerate(zip(res.emitted[:n], sent[:n])):
@@ -209,15 +213,13 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
 
 def real_at(rec: Record, index: int) -> bool:
     """Whether the transcript holds a real value for generated token `index`."""
-    sent = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
-                                                                                        events=rec.chunks())
+    sent = record_entries(rec)
     return index < len(sent) and not sent[index].is_placeholder
 
 
 def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
     """The server's own top list for generated token `index` (natural-log values), if it sent a real one."""
-    probs = sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
-                                                                                         events=rec.chunks())
+    probs = record_entries(rec)
     if index < len(probs) and probs[index].top:
         return [(i, lp) for i, _, lp in probs[index].top]
     return None
@@ -260,7 +262,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
     draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta)
-    recorded = build_plan(rec, lambda t: target.piece(t, special=True))
+    recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
     _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
     timings = final.get("timings")
     if isinstance(timings, dict):

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-from .readers import entries_of
+from .readers import Record, entries_of
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,9 @@ def drafted(final: dict | None) -> bool | None:
     None if the response does not say."""
     n = _count(_obj((final or {}).get("timings")).get("draft_n"))
     return n > 0 if n is not None else None
+
+
+def record_entries(rec: Record) -> list[SentEntry]:
+    """Every probability entry a record's response carries, in order (body or stream chunks)."""
+    return sent_entries(rec.endpoint, rec.response) if not rec.stream else sent_entries(rec.endpoint,
+                                                                                        events=rec.chunks())

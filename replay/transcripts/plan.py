@@ -96,9 +96,14 @@ def entry_at(rec: Record, slot: Slot) -> dict | None:
     return entries[slot.entry] if entries is not None and slot.entry < len(entries) else None
 
 
-def build_plan(rec: Record, piece: Callable[[int], bytes]) -> Plan:
-    """The generated tokens of `rec` in order (see module docstring)."""
-    return tuple(_plan_stream(rec, piece) if rec.stream else _plan_body(rec, piece))
+def build_plan(rec: Record, piece: Callable[[int], bytes], stops: Sequence[str] | None = None) -> Plan:
+    """The generated tokens of `rec` in order (see module docstring). `stops` are the stop strings
+    the server used (the effective settings': the request's, else -r); by default the request's."""
+    if stops is None:
+        stop = rec.request.get("stop")
+        stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)] \
+            if isinstance(stop, list) else []
+    return tuple(_plan_stream(rec, piece, list(stops)) if rec.stream else _plan_body(rec, piece))
 
 
 # --- text accounting -----------------------------------------------------------------
@@ -217,12 +222,9 @@ def chunk_text(endpoint: str, c: dict) -> bytes:
     return t.encode("utf-8") if isinstance(t, str) else b""
 
 
-def _plan_stream(rec: Record, piece) -> list[PlanItem]:
+def _plan_stream(rec: Record, piece, stops: list[str]) -> list[PlanItem]:
     plan: list[PlanItem] = []
     text = _Text()
-    stop = rec.request.get("stop")
-    stops = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)] if isinstance(stop, list) \
-        else []
     for k, c in enumerate(rec.events or []):
         if not isinstance(c, dict):
             continue  # "[DONE]"

@@ -76,9 +76,13 @@ def _triggers(raw: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
     for t in raw or []:
         if not isinstance(t, dict):
             raise TranscriptError("\"grammar_triggers\" must be a list of objects")
-        kind, value = t.get("type"), t.get("value", "")
+        kind, value, token = t.get("type"), t.get("value", ""), t.get("token")
+        if not isinstance(value, str):
+            raise TranscriptError("a grammar trigger's \"value\" must be a string")
         if kind == TRIGGER_TOKEN:
-            tokens.append(int(t.get("token")))
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise TranscriptError(f"a token grammar trigger needs a token id, not {token!r}")
+            tokens.append(token)
         elif kind == TRIGGER_WORD:
             patterns.append(regex_escape(value))
         elif kind == TRIGGER_PATTERN:
@@ -144,4 +148,6 @@ def _grammar(rec: Record, echo: Mapping | None, defaults: Mapping) -> tuple[Gram
             text, source = path.read_text(encoding="utf-8"), defaults["grammar_file"][1]
         except OSError as e:
             raise TranscriptError(f"cannot read the server's --grammar-file {path}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise TranscriptError(f"the server's --grammar-file {path} is not UTF-8 text") from e
     return (Grammar(text, "user"), source) if text else (None, "default")

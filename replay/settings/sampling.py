@@ -105,10 +105,6 @@ class SamplingParams:
     n_probs: int = 0
     post_sampling_probs: bool = False
 
-    @property
-    def ignore_eos(self) -> bool:
-        return self.eog_bias
-
 
 @dataclass(frozen=True)
 class Grammar:

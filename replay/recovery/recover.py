@@ -136,7 +136,7 @@ class Recoverer:
         settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta)
         n_probs = settings.params.n_probs
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
-        rep.settings = [(k, list(v) if isinstance(v, tuple) else v, src) for k, v, src in settings.describe()]
+        rep.settings = settings.describe()
         rep.notes += settings.notes
         plan = build_plan(rec, self.piece, settings.stop)
         self.check_vocab(rec, plan)

@@ -130,7 +130,8 @@ class Effective:
     notes: tuple[str, ...] = ()
 
     def describe(self) -> list[tuple[str, Any, str]]:
-        """(setting, value, source) of every value that is not llama-server's built-in default."""
+        """(setting, value, source) of every value that is not llama-server's built-in default, as
+        JSON would hold it (tuples as lists)."""
         builtin = SamplingParams()
         out = []
         for name, src in self.sources.items():
@@ -144,7 +145,7 @@ class Effective:
                 default = getattr(builtin, name)
                 if value == default or (isinstance(value, float) and _c_float(value) == _c_float(default)):
                     continue
-            out.append((_spelling(name), value, src))
+            out.append((_spelling(name), list(value) if isinstance(value, tuple) else value, src))
         return out
 
 

@@ -24,12 +24,12 @@ from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
 from ..settings import ContextConfig, SpecConfig, describe, resolve
 from ..settings.sampling import Effective, effective, server_sampling
-from ..transcripts.entries import n_prompt_cached, record_entries
+from ..transcripts.entries import SentEntry, n_prompt_cached, record_entries
 from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record
-from .divergence import DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection, explain_sampled, \
-    measured_noise
 from ..transcripts.request import request_settings
+from .divergence import (DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection,
+                         explain_sampled, measured_noise)
 
 DEFAULT_N_CTX = 2048
 
@@ -86,7 +86,7 @@ class TraceResult:
         out = [(flag, list(v) if isinstance(v, tuple) else v, src) for flag, v, src in describe(self.spec)
                if src != "default"] if self.spec is not None else []
         if self.settings is not None:
-            out += [(k, list(v) if isinstance(v, tuple) else v, src) for k, v, src in self.settings.describe()]
+            out += self.settings.describe()
         return out
 
 
@@ -153,11 +153,11 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
 
 # --- what a transcript recorded --------------------------------------------------------
 
-def real_value_pairs(res: TraceResult, rec: Record, upto: int | None = None) -> list[tuple[float, float]]:
-    """(server, trace) logprob of every real value the transcript holds for a token the trace emitted
-    the same, its alternatives matched by id (the trace reports with the transcript's mode), up to
-    and including index `upto` (after a divergence the two condition on different tokens)."""
-    sent = record_entries(rec)
+def real_value_pairs(res: TraceResult, sent: Sequence[SentEntry], upto: int | None = None) -> list[tuple[float, float]]:
+    """(server, trace) logprob of every real value the transcript sent (`sent`: record_entries) for a
+    token the trace emitted the same, its alternatives matched by id (the trace reports with the
+    transcript's mode), up to and including index `upto` (after a divergence the two condition on
+    different tokens)."""
     pairs = []
     n = len(res.emitted) if upto is None else upto + 1
     for k, (e, s) in enumerate(zip(res.emitted[:n], sent[:n])):
@@ -181,10 +181,12 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
     if i is None or i >= len(res.emitted) or res.recorded is None or i >= len(res.recorded):
         return None
     e, theirs = res.emitted[i], res.recorded[i]
-    noise = measured_noise(real_value_pairs(res, rec, upto=i))
+    sent = record_entries(rec)
+    noise = measured_noise(real_value_pairs(res, sent, upto=i))
     assumed = noise is None
     noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
-    multi = slots != 1 and i > 0 and not real_at(rec, i) and noise < MULTI_SLOT_NOISE
+    real_here = i < len(sent) and not sent[i].is_placeholder
+    multi = slots != 1 and i > 0 and not real_here and noise < MULTI_SLOT_NOISE
     if multi:
         noise, assumed = MULTI_SLOT_NOISE, False
     p = settings.params
@@ -209,12 +211,6 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
                                                  "assumed, the largest difference measured on real values of "
                                                  "concurrent traffic)")
     return out
-
-
-def real_at(rec: Record, index: int) -> bool:
-    """Whether the transcript holds a real value for generated token `index`."""
-    sent = record_entries(rec)
-    return index < len(sent) and not sent[index].is_placeholder
 
 
 def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:

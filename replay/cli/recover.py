@@ -29,6 +29,11 @@ def _recover_options(fn):
         click.option("--no-prefix-reuse", is_flag=True,
                      help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
                           "shared with the previous record are kept where that is bit-exact: whole -ub blocks)"),
+        click.option("--server-backend", metavar="NAME",
+                     help="what the server computed on, when its flags (-dev, -ngl) do not say and it was not "
+                          "this machine's CPU kernels: a GPU (CUDA0, Metal, Vulkan0...) or another CPU (e.g. "
+                          "\"arm64 NEON\"); its real values are then judged like batches (kept when within "
+                          "the bound), placeholders get this replay's values"),
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
@@ -98,8 +103,8 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
 @click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
 @handle_errors
-def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, as_json, force, verbose,
-            output, in_place, resume, **flags) -> None:
+def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, server_backend, as_json, force,
+            verbose, output, in_place, resume, **flags) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -132,7 +137,7 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
             raise click.UsageError("--report must not be the transcript or the output file")
         refuse_existing(report_file, force)
     records, original = _load(transcript, request_file, model)
-    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend)
     if len(records) > 1:
         _recover_journaled(records, original, model, flags, options, verbose, out, transcript, force or in_place,
                            resume, as_json, report_file)
@@ -194,8 +199,8 @@ def _recover_journaled(records, original: str, model: str, flags: dict, options:
 @main.command()
 @_recover_options
 @handle_errors
-def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, as_json, force, verbose,
-         **flags) -> None:
+def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, server_backend, as_json, force,
+         verbose, **flags) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
     \b
@@ -206,7 +211,7 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     if report_file:
         refuse_existing(report_file, force)
     records, original = _load(transcript, request_file, model)
-    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend)
     done = _run(records, model, given_flags(flags), options, verbose)
     res = RecoverResult([d.report for d in done], "")
     _write_report(report_file, res, force)

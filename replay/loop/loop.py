@@ -128,7 +128,8 @@ class SpeculativeLoop:
 
     def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, profile: str, n_ctx: int,
                  draft: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
-                 n_ubatch: int = 512, server_state: dict | None = None):
+                 n_ubatch: int = 512, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
+                 swa_full: bool = False, server_state: dict | None = None):
         check_replayable(spec, profile, has_draft_model=draft is not None)
         params = settings.params
         if params.seed == LLAMA_DEFAULT_SEED:
@@ -139,7 +140,13 @@ class SpeculativeLoop:
         self.prompt = list(prompt)
         self.n_probs = max(n_probs, 1)
         self.notes: list[str] = []
-        ctx_kw = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_ubatch=n_ubatch, n_threads=threads)
+        ctx_kw = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_ubatch=n_ubatch, n_threads=threads,
+                      flash_attn=flash_attn, swa_full=swa_full)
+        # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types,
+        # -ctkd/-ctvd (common_base_params_to_speculative, common/speculative.cpp:2527-2560)
+        draft_kw = dict(ctx_kw, type_k=spec.draft_cache_type_k,
+                        type_v=spec.draft_cache_type_v)
+        ctx_kw.update(type_k=type_k, type_v=type_v)
         self.ctx = Context(target, **ctx_kw)
         self.chain = SamplerChain(target, params, settings.grammar)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
@@ -154,7 +161,7 @@ class SpeculativeLoop:
             self.notes.append("no speculative type: the server did not speculate (b11434 speculates only with "
                               "--spec-type; -md alone loads the draft and never drafts); traced without drafting")
         slot = server_state if server_state is not None else {}
-        self.draft = (DraftContext(draft, Context(draft, **ctx_kw), profile, params.temp, params.seed, slot)
+        self.draft = (DraftContext(draft, Context(draft, **draft_kw), profile, params.temp, params.seed, slot)
                       if draft is not None else None)
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
                                                      server_state=slot)

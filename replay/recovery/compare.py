@@ -128,21 +128,32 @@ def weighted_disagreement(reports: list[TokenReport]) -> float | None:
     return num / den if den > 0 else None
 
 
-def judge_batches(reports: list[TokenReport], slots: int | None, bound: float = BATCH_BOUND) -> tuple[
+def numerics_cause(slots: int | None, kernels: str | None) -> str | None:
+    """Why the server's real values may differ from a one-request CPU evaluation of the same tokens,
+    or None when nothing says they may (one slot, the replay's kernels): batches shared with other
+    requests on a server that may run several slots, and/or other kernels (runtime/backend.py)."""
+    causes = []
+    if slots != 1:
+        where = f"a {slots}-slot server" if slots else "a server that may run several slots"
+        causes.append(f"batches shared with other requests on {where}")
+    if kernels:
+        causes.append(kernels)
+    return "; ".join(causes) or None
+
+
+def judge_numerics(reports: list[TokenReport], cause: str | None, bound: float = BATCH_BOUND) -> tuple[
         list[TokenReport], float | None, bool]:
-    """On a server that may batch a request with others (`slots` != 1), real values that disagree are
-    numerics when the weighted disagreement of the first real entry, and of the record, are within
-    `bound` (BATCH_BOUND): they become ok, kept as sent, with the cause in their note. Returns
-    (reports, the larger of the two disagreements, judged batched)."""
+    """Where the server's numerics may differ from the replay's (`cause`, numerics_cause), real values
+    that disagree are numerics when the weighted disagreement of the first real entry, and of the record,
+    are within `bound` (BATCH_BOUND): they become ok, kept as sent, with the cause in their note.
+    Returns (reports, the larger of the two disagreements, judged numerics)."""
     real = [r for r in reports if r.real_pairs]
     w = weighted_disagreement(real)
     if w is not None:
         w = max(w, weighted_disagreement(real[:1]) or 0.0)
-    if slots == 1 or w is None or w > bound or not any(r.status == "mismatch" for r in reports):
+    if cause is None or w is None or w > bound or not any(r.status == "mismatch" for r in reports):
         return reports, w, False
-    where = f"a {slots}-slot server" if slots else "a server that may run several slots"
-    out = [replace(r, status="ok", note=f"|diff| {abs(r.server_logprob - r.true_logprob):.2e}: batches shared with "
-                                        f"other requests on {where} (kept as sent)")
+    out = [replace(r, status="ok", note=f"|diff| {abs(r.server_logprob - r.true_logprob):.2e}: {cause} (kept as sent)")
            if r.status == "mismatch" and r.server_logprob is not None and r.true_logprob is not None else r
            for r in reports]
     return out, w, True

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ModelError, SpecReplayError
+from ..runtime.backend import kernels_differ, replay_backend, server_backend
 from ..runtime.llama import Context, Model
-from ..settings import ContextConfig, resolve
+from ..settings import BY_ATTR, ContextConfig, resolve
 from ..transcripts.entries import drafted, n_generated, n_prompt_cached
 from ..transcripts.plan import Gap, Plan, build_plan, entry_at
 from ..transcripts.readers import Record, read_source, read_text
 from ..transcripts.request import request_settings
-from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_batches
+from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_numerics, numerics_cause
 from .evaluate import PieceIndex, Truth, Unaligned, truths
 from .prefix import plan_prefix
 from .prompt import prompt_ids
@@ -36,7 +37,8 @@ class RecoverOptions:
     """How recover evaluates, besides the server's own settings (settings.ContextConfig)."""
 
     tolerance: float = DEFAULT_TOLERANCE
-    batch_bound: float = BATCH_BOUND  # compare.judge_batches
+    batch_bound: float = BATCH_BOUND  # compare.judge_numerics
+    server_backend: str | None = None  # --server-backend: what the server computed on, when no flag says
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
 
@@ -57,9 +59,10 @@ class Recoverer:
 
     def __init__(self, model: Model | str | Path, flags: dict | None = None,
                  options: RecoverOptions | None = None):
-        self.model = model if isinstance(model, Model) else Model(model)
         self.flags = dict(flags or {})
         self.options = options or RecoverOptions()
+        self.backend = replay_backend(self.flags.get("n_gpu_layers"))
+        self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers)
         self._ctx: Context | None = None
         self._ctx_key: tuple | None = None
         self._pieces: PieceIndex | None = None
@@ -70,6 +73,10 @@ class Recoverer:
         if self._ctx is not None:
             self._ctx.close()
             self._ctx = None
+
+    def _server_flags(self, rec: Record) -> dict[str, Any]:
+        """The record's server flags by flag name, ours (given on the command line) over the recorded ones."""
+        return {**(rec.flags or {}), **{BY_ATTR[a].flag: v for a, v in self.flags.items() if a in BY_ATTR}}
 
     # --- the model ----------------------------------------------------------------------
 
@@ -90,12 +97,13 @@ class Recoverer:
     def context(self, cfg: ContextConfig) -> Context:
         n_ctx = cfg.n_ctx or DEFAULT_N_CTX
         threads = cfg.threads if cfg.threads > 0 else 2
-        key = (n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, threads)
+        key = (n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full,
+               threads)
         if self._ctx is None or self._ctx_key != key:
             self.close()
             self._ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx), n_ubatch=cfg.n_ubatch,
                                 n_threads=threads, flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
-                                type_v=cfg.cache_type_v)
+                                type_v=cfg.cache_type_v, swa_full=cfg.swa_full)
             self._ctx_key = key
             self._exact_upto = 0
         return self._ctx
@@ -167,20 +175,22 @@ class Recoverer:
         speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
         rep.slots = rec.slots(self.flags.get("n_parallel"))
-        judged, rep.weighted_diff, rep.batched = judge_batches([o.report for o in outcomes], rep.slots,
-                                                               self.options.batch_bound)
+        rep.server_backend = server_backend(self._server_flags(rec), self.options.server_backend)
+        rep.kernels = kernels_differ(rep.server_backend, self.backend)
+        rep.cause = numerics_cause(rep.slots, rep.kernels)
+        judged, rep.weighted_diff, rep.batched = judge_numerics([o.report for o in outcomes], rep.cause,
+                                                                self.options.batch_bound)
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         rep.tokens = [o.report for o in outcomes]
         if rep.batched:
             worst = max((abs(t.server_logprob - t.true_logprob) for t in rep.tokens
                          if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
                         default=rep.weighted_diff)
-            rep.notes.append(f"the server's real values differ from a one-request evaluation by up to {worst:.3g} "
-                             f"nats ({rep.weighted_diff:.3g} weighted by probability, first entry and record): it ran "
-                             f"{rep.slots or 'possibly several'} slots, and requests decoded in the same batches "
-                             "change its kernels; within the "
-                             f"{self.options.batch_bound} nats batching explains (a wrong model file differs by "
-                             "0.45 or more), so they are kept as sent and the rest gets one-request values")
+            rep.notes.append(f"the server's real values differ from this replay's ({self.backend.name}, one request) "
+                             f"by up to {worst:.3g} nats ({rep.weighted_diff:.3g} weighted by probability, first "
+                             f"entry and record): {rep.cause}; within the {self.options.batch_bound} nats other "
+                             "numerics explain (a wrong model file differs by 0.45 or more), so they are kept as "
+                             f"sent and the rest gets {self.backend.name} one-request values")
         if unaligned is not None:
             rep.error = str(unaligned)
             rep.tokens.append(TokenReport(unaligned.index, None, "", None, None, "unaligned", [], note=rep.error))
@@ -242,7 +252,7 @@ def recover_records(records: list[Record], model: Model | str | Path, *, flags: 
                     skip: int = 0, on_record: Callable[[Record, Recovered], bool] | None = None) -> list[Recovered]:
     """Recover records in order. `skip` leaves the first ones out (finished by an earlier,
     interrupted run); `on_record(record, recovered)` runs after each and may return False to stop."""
-    r = Recoverer(model if isinstance(model, Model) else Model(model), flags, options)
+    r = Recoverer(model, flags, options)
     out: list[Recovered] = []
     try:
         for k, rec in enumerate(records):

@@ -53,8 +53,11 @@ class RecordReport:
     prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
     settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
     slots: int | None = None  # the server's slots (None: not known)
-    weighted_diff: float | None = None  # compare.judge_batches: weighted |server - true| of the real values
-    batched: bool = False  # the real values' disagreement was judged to be batch composition
+    server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
+    kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
+    cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
+    weighted_diff: float | None = None  # compare.judge_numerics: weighted |server - true| of the real values
+    batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -83,14 +86,22 @@ class RecordReport:
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
              "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
              "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
-             "numerics": {"slots": self.slots, "weighted_mean_diff_real": self.weighted_diff,
-                          "cause": "batch composition" if self.batched else None},
+             "numerics": {"slots": self.slots, "server_backend": self.server_backend, "kernels": self.kernels,
+                          "weighted_mean_diff_real": self.weighted_diff,
+                          "cause": ("batch composition" if self.kernels is None else
+                                    "kernels" if self.slots == 1 else "batch composition and kernels")
+                          if self.batched else None},
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:
             d["error"] = self.error
         if self.notes:
             d["notes"] = self.notes
         return d
+
+
+def _batch_bound() -> float:
+    from .compare import BATCH_BOUND  # compare imports this module
+    return BATCH_BOUND
 
 
 @dataclass
@@ -127,10 +138,13 @@ class RecoverResult:
         if bad:
             r, t = bad[0]
             why = "the replay does not match this server's numerics (model file, build, or context settings)"
-            if r.weighted_diff is not None and r.slots != 1:
+            if r.weighted_diff is not None and r.cause is not None:
                 why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
-                       "record), more than the numerics of batches shared with other requests explain: the model "
-                       "file or the build is not the server's")
+                       f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
+                       "not the server's")
+            elif r.weighted_diff is not None and r.weighted_diff <= _batch_bound():
+                why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels would: if the server ran on "
+                        "a GPU or another CPU, say so with -ngl/-dev or --server-backend")
             if r.prefix == "server cache":
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")

@@ -86,11 +86,11 @@ class _Owner:
 class Model(_Owner):
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, *, n_gpu_layers: int = 0):
         _backend()
         self.path = check_gguf(path)
         params = L.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params.n_gpu_layers = n_gpu_layers  # runtime/backend.py: 0 unless this libllama can offload
         ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
             raise ModelError(f"libllama could not load {self.path} (not a supported GGUF model?)")
@@ -242,11 +242,12 @@ KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_
 
 
 class Context(_Owner):
-    """A decoding context, configured like llama-server's (`-c`, `-b`, `-ub`, `-fa`, `-ctk/-ctv`, `-t`)."""
+    """A decoding context, configured like llama-server's (`-c`, `-b`, `-ub`, `-fa`, `-ctk/-ctv`, `--swa-full`,
+    `-t`)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
                  n_threads: int = 2, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
-                 n_seq_max: int = 1):
+                 swa_full: bool = False, n_seq_max: int = 1):
         self.model = model
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
@@ -254,6 +255,7 @@ class Context(_Owner):
         p.n_threads = p.n_threads_batch = n_threads
         p.flash_attn_type = FLASH_ATTN[flash_attn]
         p.type_k, p.type_v = KV_TYPES[type_k], KV_TYPES[type_v]
+        p.swa_full = swa_full
         p.no_perf = True
         ptr = L.llama_init_from_model(model.ptr, p)
         if not ptr:

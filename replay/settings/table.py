@@ -29,6 +29,7 @@ Columns:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,7 @@ class Setting:
     gguf: str | None = None
     user_bit: bool = False
     source: str = ""  # common/arg.cpp line (b11434)
+    pattern: str | None = None  # a str value must match this (fullmatch), as llama-server's parser requires
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -96,6 +98,8 @@ class Setting:
                 raise ValueError(f"{self.flag}: unknown value {bad[0]!r} (llama-server takes "
                                  f"{', '.join(self.choices or ())})")
             return out
+        if self.pattern is not None and not re.fullmatch(self.pattern, str(value)):
+            raise ValueError(f"{self.flag}: cannot read {value!r}")
         if self.kind == "choice" and str(value) not in (self.choices or ()):
             raise ValueError(f"{self.flag}: {value!r} is not one of {', '.join(self.choices or ())}")
         return str(value)
@@ -137,6 +141,10 @@ SETTINGS: tuple[Setting, ...] = (
           source="common/arg.cpp:4274"),
     _spec("--spec-draft-model", "draft_model", "path", None, "draft model for draft-simple",
           aliases=("-md", "--model-draft"), metavar="FNAME", source="common/arg.cpp:4266"),
+    _spec("--spec-draft-type-k", "draft_cache_type_k", "choice", "f16", "KV cache type for K of the draft model",
+          aliases=("-ctkd", "--cache-type-k-draft"), choices=KV_CACHE_TYPES, source="common/arg.cpp:4100"),
+    _spec("--spec-draft-type-v", "draft_cache_type_v", "choice", "f16", "KV cache type for V of the draft model",
+          aliases=("-ctvd", "--cache-type-v-draft"), choices=KV_CACHE_TYPES, source="common/arg.cpp:4113"),
     _spec("--spec-draft-n-max", "draft_n_max", "int", 3, "tokens to draft per step (draft-simple)",
           metavar="N", source="common/arg.cpp:4150"),
     _spec("--spec-draft-n-min", "draft_n_min", "int", 0, "minimum draft length, shorter drafts are dropped",
@@ -188,6 +196,19 @@ SETTINGS: tuple[Setting, ...] = (
             aliases=("-ctk",), choices=KV_CACHE_TYPES, transcript="cache_type_k", source="common/arg.cpp:2440"),
     Setting("--cache-type-v", "cache_type_v", "context", "choice", "f16", "KV cache type for V",
             aliases=("-ctv",), choices=KV_CACHE_TYPES, transcript="cache_type_v", source="common/arg.cpp:2453"),
+    Setting("--swa-full", "swa_full", "context", "flag", False,
+            "full-size KV cache for sliding-window attention layers (changes which cells SWA layers read)",
+            transcript="swa_full", source="common/arg.cpp:1693"),
+    Setting("--gpu-layers", "n_gpu_layers", "context", "str", "auto",
+            "layers offloaded to a GPU: N, auto or all. The server's: with a GPU its values come from other "
+            "kernels than a CPU replay's (judged like batching, see recover). A replay offloads the same "
+            "layers when its llama-cpp-python was built with GPU support",
+            aliases=("-ngl", "--n-gpu-layers"), metavar="N", transcript="n_gpu_layers", pattern=r"auto|all|-?[0-9]+",
+            source="common/arg.cpp:2792"),
+    Setting("--device", "devices", "context", "str", None,
+            "devices the server offloaded to (comma-separated, none = CPU only); a device other than the "
+            "CPU means other kernels than a CPU replay's", aliases=("-dev",), metavar="<dev1,dev2,..>",
+            transcript="device", source="common/arg.cpp:2741"),
     Setting("--threads", "threads", "context", "int", -1,
             "CPU threads (-1: all cores; values do not depend on it)", aliases=("-t",), metavar="N",
             transcript="threads", source="common/arg.cpp:1520"),

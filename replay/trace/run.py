@@ -130,7 +130,9 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
     emits (compare_with_plan)."""
     loop = SpeculativeLoop(target, prompt, settings, spec, profile=profile, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
                            draft=draft, n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
-                           n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, server_state=server_state)
+                           n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, flash_attn=ctx.flash_attn,
+                           type_k=ctx.cache_type_k, type_v=ctx.cache_type_v, swa_full=ctx.swa_full,
+                           server_state=server_state)
     try:
         steps = list(loop.steps())
     finally:

@@ -17,7 +17,7 @@ from replay.loop.drafters import (
     NgramSimple,
     make_drafters,
 )
-from replay.loop.profiles import PRIORITY
+from replay.loop.replayable import PRIORITY
 from replay.settings import resolve
 
 CYCLE = [1, 2, 3, 4, 5]

@@ -50,9 +50,10 @@ def test_flags_resolve_over_props_over_the_transcript_over_the_defaults():
     assert ("--spec-ngram-mod-n-match", 20, "server.flags") in describe(spec)
 
 
-def test_profile_defaults_and_builds_are_columns_of_the_table():
-    assert BY_ATTR["draft_sampling"].profiles == ("b11434",)
-    assert resolve("speculative", profile="0c1e570").draft_n_max == 3
+def test_the_first_build_with_a_flag_is_a_column_of_the_table():
+    assert BY_ATTR["draft_sampling"].since == 11368  # PR #27694 (loop/eras.py, era H)
+    assert BY_ATTR["spec_types"].since is None
+    assert resolve("speculative").draft_n_max == 3  # the default since b9246 (era C)
 
 
 def test_the_transcript_keeps_the_servers_flags_by_their_spelling_and_reads_them_back():

@@ -47,6 +47,8 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
         click.echo(json.dumps(res.to_json(), indent=2))
     else:
         click.echo(f"server:      {res.url}  ({res.build_info or 'unknown build'})")
+        shape = res.loop_shape
+        click.echo(f"loop:        {shape.era.describe()}" + (f"  (warning: {shape.warning})" if shape.warning else ""))
         if res.props_speculative is not None or res.slots_speculative is not None:
             click.echo(f"/props:      speculative.types = {res.props_speculative!r}")
             click.echo(f"/slots:      speculative = {res.slots_speculative}")

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from ..settings import PROFILES
 from . import handle_errors, main
+from .options import PROFILE
 
 PATHS = ("a", "b-greedy", "b-probabilistic", "c-greedy", "c-probabilistic", "d", "e", "f", "d-patched")
 
@@ -25,7 +25,7 @@ def progress_printer():
 
 @main.command()
 @click.option("-n", "--seeds", "n_seeds", default=1000, show_default=True, help="seeds per path")
-@click.option("--profile", default="b11434", show_default=True, type=click.Choice(PROFILES),
+@click.option("--profile", default="b11434", show_default=True, type=PROFILE,
               help="which pinned llama.cpp build provides llama-server and llama-speculative")
 @click.option("--paths", help=f"only these paths (comma list of {', '.join(PATHS)})")
 @click.option("--patched-example", is_flag=True, help="also build and run llama-speculative with the --example patch")

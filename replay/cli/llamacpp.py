@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from ..settings import PROFILES
 from . import handle_errors, main
+from .options import PROFILE
 from .lab import progress_printer
 
 
 @main.command()
-@click.option("--profile", default="b11434", type=click.Choice(PROFILES), show_default=True,
+@click.option("--profile", default="b11434", type=PROFILE, show_default=True,
               help="pinned llama.cpp source to build")
 @click.option("--source", type=click.Path(file_okay=False, path_type=Path), envvar="LLAMA_CPP_SOURCE_DIR",
               help="build this llama.cpp tree instead (env LLAMA_CPP_SOURCE_DIR)")
@@ -41,7 +41,7 @@ def build(profile: str, source: Path | None, patch: Path | None, jobs: int, quie
 @main.command("patch")
 @click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="the llama.cpp checkout to patch")
-@click.option("--profile", type=click.Choice(PROFILES), help="patch a pinned source instead of --source")
+@click.option("--profile", type=PROFILE, help="patch a pinned source instead of --source")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="write the patch here (default: stdout)")
 @click.option("--force", is_flag=True, help="overwrite an existing --output")

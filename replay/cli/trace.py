@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Callable
 
 import click
 from tabulate import tabulate
 
-from ..settings import PROFILES
 from ..trace.run import TraceResult
 from ..transcripts.readers import Record
 from . import handle_errors, main
@@ -19,8 +19,10 @@ from .options import given_flags, server_flags
 @click.argument("transcript", required=False, type=click.Path(dir_okay=False))
 @click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="the target GGUF (-m)")
 @click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
-@click.option("--profile", type=click.Choice(PROFILES),
-              help="server loop to replay (default: from the transcript's build_info)")
+@click.option("--build", "build", type=click.IntRange(min=1), metavar="N",
+              help="replay the loop of llama.cpp build bN (default: the transcript's build_info)")
+@click.option("--source", "source", type=click.Path(file_okay=False, exists=True),
+              help="replay the loop of this llama.cpp checkout, recognised from its code")
 @click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt, as a /completion "
                               "request that sets nothing (the server flags below apply; --seed defaults to 1 and "
                               "-n to 32 there)")
@@ -29,7 +31,7 @@ from .options import given_flags, server_flags
 @click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
 @server_flags("speculative", "context", "sampling")
 @handle_errors
-def trace(transcript, model, request_file, profile, prompt, steps_range, as_json, verbose, **flags) -> None:
+def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, verbose, **flags) -> None:
     """Replay llama-server's speculative loop step by step and check it against a transcript.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
@@ -64,12 +66,16 @@ def trace(transcript, model, request_file, profile, prompt, steps_range, as_json
         server_state: dict = {}  # records of one JSONL are requests to one server, in order
         with progress_bar(len(records), "tracing records") as advance:
             for rec in records:
-                res = trace_record(rec, target, flags=flags, profile=profile, server_state=server_state,
+                res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
+                                   server_state=server_state,
                                    drafts=drafts)
                 results.append((rec, res))
                 advance(len(results))
     else:
-        results.append((None, trace_prompt(target, prompt, flags=flags, profile=profile, drafts=drafts)))
+        results.append((None, trace_prompt(target, prompt, flags=flags, build=build, source=source and Path(source),
+                                           drafts=drafts)))
+    for shape in dict.fromkeys(r.shape for _, r in results if r.shape is not None and r.shape.warning):
+        click.echo(f"warning: {shape.warning}", err=True)
     piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
     if as_json:
         if len(results) == 1:
@@ -113,6 +119,8 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
              ", ".join(f"{piece(i)!r} {lp:.3f}" for i, lp in e.top[:3])] for e in res.emitted]
     click.echo(tabulate(rows, headers=["#", "id", "piece", "step", "logprob", "post logprob", "top (pre)"]))
     click.echo()
+    if res.shape is not None:
+        click.echo(f"loop: {res.shape.era.describe()}, chosen by {res.shape.why}")
     click.echo(f"drafted {res.draft_n}, accepted {res.draft_n_accepted}" +
                (f" (server: {res.server_draft_n}, {res.server_draft_n_accepted})" if res.server_draft_n is not None else ""))
     if res.compared is not None:

@@ -218,11 +218,12 @@ def _trace_init(target: str, draft: str) -> None:
 
 
 def _trace_seed(args: tuple[list[int], str, int]) -> tuple[int, tuple[int, ...]]:
+    from ..loop.eras import NEWEST
     from ..loop.loop import SpeculativeLoop
     from ..settings import resolve
     ids, sampling, seed = args
     spec = resolve("speculative", flags={"spec_types": ("draft-simple",), "draft_sampling": sampling})
-    loop = SpeculativeLoop(_worker["target"], ids, _settings(seed), spec, profile="b11434", n_ctx=N_CTX,
+    loop = SpeculativeLoop(_worker["target"], ids, _settings(seed), spec, era=NEWEST, n_ctx=N_CTX,
                            draft=_worker["draft"], threads=1)
     try:
         for _step in loop.steps():

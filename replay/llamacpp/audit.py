@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ServerError
+from ..loop.eras import Shape, shape_for
 from ..transcripts.entries import SentEntry, n_generated, sent_entries
 from .http import post_json
 from .record import server_snapshot
@@ -40,8 +41,15 @@ class CheckResult:
     verdict: str = ""
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def loop_shape(self) -> Shape:
+        """The server's loop shape by its build (loop/eras.py)."""
+        return shape_for(build_info=self.build_info)
+
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        shape = self.loop_shape
+        return dict(self.__dict__, build=shape.build, era={"key": shape.era.key, "builds": shape.era.span,
+                                                           "title": shape.era.title, "warning": shape.warning})
 
 
 def _props_spec(props: dict) -> str | None:

@@ -27,6 +27,7 @@ from ..trace.run import Drafts, trace_record
 from ..transcripts.entries import SentEntry, record_entries
 from ..transcripts.format import dumps
 from ..transcripts.readers import Record, read_text
+from ..loop.eras import shape_of_source
 from .build import Binaries
 from .process import LlamaServer, ServerConfig
 from .record import RequestItem, record_one
@@ -167,10 +168,10 @@ def _compare(got: list[SentEntry], want: list[tuple[int, float, list[tuple[int, 
     return worst, problems
 
 
-def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, seeds: range, profile: str,
+def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, seeds: range, tree: Path,
                  n_probs: int = 5, progress: Callable[[str], None] | None = None) -> list[Row]:
-    """The value checks: patched speculating server vs trace (replaying `profile`'s loop) vs
-    unspeculated server."""
+    """The value checks: patched speculating server vs trace (replaying the loop shape of `tree`, the
+    source the server was built from: loop/eras.py) vs unspeculated server."""
     rows: list[Row] = []
     models: dict[Path, Model] = {}
     try:
@@ -191,7 +192,7 @@ def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, see
                             for seed in seeds:
                                 body = setup.body(endpoint, seed, stream=stream, mode=mode, n_probs=n_probs)
                                 _check_one(row, setup, _record(srv, setup, endpoint, body), target, server_state,
-                                           drafts, ref, body, profile)
+                                           drafts, ref, body, tree)
                             row.seeds = len(seeds)
                             rows.append(row)
     finally:
@@ -201,8 +202,8 @@ def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, see
 
 
 def _check_one(row: Row, setup: Setup, rec: Record, target: Model, server_state: dict, drafts: Drafts,
-               ref: LlamaServer, body: dict, profile: str) -> None:
-    res = trace_record(rec, target, server_state=server_state, drafts=drafts, profile=profile)
+               ref: LlamaServer, body: dict, tree: Path) -> None:
+    res = trace_record(rec, target, server_state=server_state, drafts=drafts, source=tree)
     seed = body["seed"]
     if not res.reproduced:
         row.problems.append(f"seed {seed}: trace did not reproduce the server (token {res.first_divergence})")
@@ -320,8 +321,8 @@ def verify_server_patch(source: Path | None, profile: str, *, seeds: range, log:
     patched = ensure_built(BuildSpec(profile, source_dir=source, patch=path), log=log)
     setups = default_setups(models.smollm2(), models.smollm2_draft(unpatched.quantize),
                             models.tiny_target(), models.tiny_draft())
-    if patch.profile == "0c1e570":  # no --spec-draft-sampling there (SERVER_LOOP.md section 7)
+    if not shape_of_source(tree)[0].rejection:  # no --spec-draft-sampling before b11368 (loop/eras.py)
         setups = [s for s in setups if s.draft_sampling is None]
-    rows = check_values(patched, unpatched, setups, seeds=seeds, profile=patch.profile, progress=progress)
+    rows = check_values(patched, unpatched, setups, seeds=seeds, tree=tree, progress=progress)
     rows += check_no_probs(patched, unpatched, setups, seeds=range(1, 11), progress=progress)
     return patch.profile, rows

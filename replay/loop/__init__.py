@@ -4,5 +4,6 @@
     verify.py       the two verification rules (sample-and-match, rejection), pure
     drafters.py     the n-gram drafters and the table that builds every drafter from the flags
     draft_model.py  draft-simple: the draft model's context and sampler
-    profiles.py     which build's loop to run, and what it can replay
+    eras.py         loop shapes by build era
+    replayable.py   what a shape can replay
 """

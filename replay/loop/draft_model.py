@@ -30,6 +30,7 @@ import numpy as np
 from ..numerics.rng import DRAFT_SEED_XOR
 from ..runtime.llama import Context, Model
 from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
+from .eras import Era
 
 DRAFT_TOP_K = 10  # common/speculative.cpp:273-281
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp:30
@@ -61,7 +62,7 @@ class DraftContext:
 
     model: Model
     ctx: Context
-    profile: str
+    era: Era
     temp: float
     seed: int
     slot: dict = field(default_factory=dict)  # server state of this slot (RETUNE)
@@ -80,9 +81,9 @@ class DraftSimple:
 
     def __init__(self, source: DraftContext, spec):
         self.source, self.ctx, self.spec = source, source.ctx, spec
-        # 0c1e570 has no probabilistic drafting and resets the (argmax) sampler every step,
-        # [0c1e570] common/speculative.cpp:326; with argmax drafting the reset changes nothing
-        self.probabilistic_server = source.profile == "b11434" and spec.draft_sampling == "probabilistic"
+        # before b11368 (no rejection verifier) there is no probabilistic drafting and the (argmax) sampler
+        # is reset every step, [0c1e570] common/speculative.cpp:326; with argmax drafting that changes nothing
+        self.probabilistic_server = source.era.rejection and spec.draft_sampling == "probabilistic"
         self.probabilistic = self.probabilistic_server and source.temp > 0
         self.chain: SamplerChain | None = None  # made at the first draft of the request, as the server retunes
         # q of the last draft: the draft chain's candidates (ids, p) at each drafted position
@@ -97,11 +98,13 @@ class DraftSimple:
         tuned = slot.get(RETUNE) if self.probabilistic_server else None
         if tuned is None:
             return SamplerChain(self.source.model, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K,
-                                                                  seed=LLAMA_DEFAULT_SEED))
+                                                                  seed=LLAMA_DEFAULT_SEED),
+                                suppress_tokens=self.source.era.suppress_tokens)
         temp, seed = tuned
         s = LLAMA_DEFAULT_SEED if seed == LLAMA_DEFAULT_SEED else (seed ^ DRAFT_SEED_XOR)
         return SamplerChain(self.source.model, SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K,
-                                                              temp=temp, seed=s))
+                                                              temp=temp, seed=s),
+                            suppress_tokens=self.source.era.suppress_tokens)
 
     def begin(self, prompt: Sequence[int]) -> None:
         pass

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from ..numerics.stdmap import StdIntMap
-from .profiles import PRIORITY
+from .replayable import PRIORITY
 
 
 class Drafter(Protocol):
@@ -193,17 +193,22 @@ class NgramMap:
         self.last_draft_created = False
         self.last_draft_key_idx = 0
         self.last_draft_value_idx = 0
+        self.old_cleanup = False  # eras C-D (loop/eras.py map_cleanup "old"): set by make_drafters
 
     def begin(self, tokens: Sequence[int]) -> None:
+        """common_ngram_map_begin: forget keys and values from where the new prompt may differ. From b9897
+        (common/ngram-map.cpp:121) that is min(size_last_begin, B-n-m) and index 0 marks an empty entry;
+        before it, everything at or after size_last_begin, with no such guard."""
         n, m = self.n, self.m
         size_begin = len(tokens)
         cleanup = self.size_last_begin
-        if cleanup > size_begin:
+        old = self.old_cleanup
+        if cleanup > size_begin and not old:
             cleanup = size_begin - n - m if size_begin > n + m else 0
         # upstream's key_map is a vector of 2^18 entries, never empty (common/ngram-map.h:76), so this
         # runs whenever the prompt is shorter than the last checked size (common/ngram-map.cpp:139-169)
         if size_begin < self.idx_last_check:
-            self.key_map = {h: k for h, k in self.key_map.items() if not (k != 0 and k >= cleanup)}
+            self.key_map = {h: k for h, k in self.key_map.items() if not ((old or k != 0) and k >= cleanup)}
             self.key_map_last_idx = cleanup - 1 if cleanup > 0 else 0
         if size_begin < self.idx_last_check and self.keys:
             for i in range(len(self.keys) - 1, -1, -1):
@@ -215,7 +220,7 @@ class NgramMap:
                     continue
                 for j in range(NGRAM_MAX_VALUES - 1, -1, -1):
                     v = key.values[j]
-                    if v.value_idx != 0 and v.value_idx >= cleanup:
+                    if (old or v.value_idx != 0) and v.value_idx >= cleanup:
                         for k in range(j, NGRAM_MAX_VALUES - 1):
                             key.values[k].copy_from(key.values[k + 1])
                         key.values[-1].value_idx = 0
@@ -393,7 +398,7 @@ class DrafterKind:
 
 
 def _draft_simple(spec, draft_model) -> Drafter:
-    assert draft_model is not None, "draft-simple needs its draft model (checked by profiles.check_replayable)"
+    assert draft_model is not None, "draft-simple needs its draft model (checked by replayable.check_replayable)"
     return draft_model.drafter(spec)
 
 
@@ -410,9 +415,10 @@ DRAFTERS: dict[str, DrafterKind] = {
 assert set(DRAFTERS) == set(PRIORITY)
 
 
-def make_drafters(spec, *, draft_model=None, server_state: dict | None = None) -> list[Drafter]:
+def make_drafters(spec, *, draft_model=None, server_state: dict | None = None, map_cleanup: str = "new") -> list[Drafter]:
     """The drafters of `spec.spec_types` in the server's priority order. Drafters whose state outlives
-    a request are kept in `server_state` (pass the same dict for consecutive requests to one server)."""
+    a request are kept in `server_state` (pass the same dict for consecutive requests to one server).
+    `map_cleanup` is the era's n-gram map cleanup rule (loop/eras.py)."""
     state = server_state if server_state is not None else {}
     out = []
     for t in PRIORITY:
@@ -422,6 +428,8 @@ def make_drafters(spec, *, draft_model=None, server_state: dict | None = None) -
         if kind.persists:
             if t not in state:
                 state[t] = kind.make(spec, draft_model)
+                if hasattr(state[t], "old_cleanup"):
+                    state[t].old_cleanup = map_cleanup == "old"
             out.append(state[t])
         else:
             out.append(kind.make(spec, draft_model))

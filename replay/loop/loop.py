@@ -35,11 +35,13 @@ from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
 from ..settings.sampling import Effective
 from .draft_model import DraftContext, DraftSimple, compatibility
 from .drafters import Drafter, make_drafters
-from .profiles import check_replayable
+from .eras import Era
+from .replayable import check_replayable
 from .verify import match_continues, rejection_step
 
 Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
 CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
+EMPTY_Q = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32))  # a draft distribution with no candidates
 
 
 @dataclass
@@ -126,11 +128,12 @@ class SpeculativeLoop:
     consecutive requests.
     """
 
-    def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, profile: str, n_ctx: int,
+    def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era, n_ctx: int,
                  draft: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
                  n_ubatch: int = 512, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
                  swa_full: bool = False, server_state: dict | None = None):
-        check_replayable(spec, profile, has_draft_model=draft is not None)
+        check_replayable(spec, era, has_draft_model=draft is not None)
+        self.era = era
         params = settings.params
         if params.seed == LLAMA_DEFAULT_SEED:
             raise TranscriptError("the request has no fixed seed (seed -1): the server drew a random one, so the "
@@ -148,9 +151,13 @@ class SpeculativeLoop:
                         type_v=spec.draft_cache_type_v)
         ctx_kw.update(type_k=type_k, type_v=type_v)
         self.ctx = Context(target, **ctx_kw)
-        self.chain = SamplerChain(target, params, settings.grammar)
+        self.chain = SamplerChain(target, params, settings.grammar, suppress_tokens=era.suppress_tokens)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
         types = [t for t in spec.spec_types if t != "none"]
+        if era.md_auto_draft and draft is not None and "draft-simple" not in types:
+            # b9246..b9453: "'draft' speculative type is not explicitly enabled - enabling it"
+            types.append("draft-simple")
+            self.notes.append(f"-md without --spec-type draft-simple: {era.describe()} enables draft-simple itself")
         why = compatibility(target, draft) if draft is not None and "draft-simple" in types else None
         if why is not None:
             # the server logs "the target and draft vocabs are not compatible" and speculates not at all
@@ -158,13 +165,13 @@ class SpeculativeLoop:
                               "speculation (common_speculative_are_compatible); so does this trace")
             types, draft = [], None
         elif not types:
-            self.notes.append("no speculative type: the server did not speculate (b11434 speculates only with "
-                              "--spec-type; -md alone loads the draft and never drafts); traced without drafting")
+            self.notes.append("no speculative type: the server did not speculate (from b9464 it speculates only "
+                              "with --spec-type; -md alone loads the draft and never drafts); traced without drafting")
         slot = server_state if server_state is not None else {}
-        self.draft = (DraftContext(draft, Context(draft, **draft_kw), profile, params.temp, params.seed, slot)
+        self.draft = (DraftContext(draft, Context(draft, **draft_kw), era, params.temp, params.seed, slot)
                       if draft is not None else None)
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
-                                                     server_state=slot)
+                                                     server_state=slot, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
         self.text = b""
         self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
@@ -257,6 +264,10 @@ class SpeculativeLoop:
                 draft, drafter = got[:n_max], d
                 if isinstance(d, DraftSimple) and d.last_q is not None:
                     q = d.last_q[:n_max]
+                elif self.era.q_trim_bug and self.params.temp > 0 and len(got) > n_max:
+                    # b11368..b11382: the server resizes the empty q of an n-gram draft it cuts to n_max
+                    # rows of nothing, and verifies it by rejection (loop/eras.py q_trim_bug)
+                    q = [EMPTY_Q] * n_max
                 break
         if self.draft is not None:
             self.draft.ctx.seq_rm(0, pos0, -1)
@@ -295,7 +306,7 @@ class SpeculativeLoop:
             tok, cands = self._sample(logits)
             self._keep(v, tok, logits, cands)
             v.target_p.append(post_sampling(cands, d_tok, 0)[0])
-            if not match_continues(d_tok, tok, self.target.is_eog(tok), i, len(draft)):
+            if not match_continues(d_tok, tok, self.target.is_eog(tok), i, len(draft), eog_rule=self.era.eog_rule):
                 if tok != d_tok:
                     v.resampled = tok
                 return v

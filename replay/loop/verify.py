@@ -9,7 +9,7 @@ Vocabulary (used the same way in every module, report and log line):
     bonus       the extra token sampled at position n when the whole draft was accepted
     emitted     accepted + [resampled | bonus]  (1 .. n+1 tokens per step)
 
-Sample-and-match (common/sampling.cpp:686-718, both profiles): sample the target at
+Sample-and-match (common/sampling.cpp:686-718, every era): sample the target at
 each position; keep going while the sample equals the draft token (and it is not
 an EOG before the last position); the sample is emitted either way. Emitted
 tokens are exactly what plain decoding would emit.
@@ -92,6 +92,9 @@ def rejection_step(draft_token: int, target_ids: Sequence[int], target_p: Sequen
                     None if u_res is None else float(u_res), float(p_x), float(q_x))
 
 
-def match_continues(draft_token: int, sampled: int, is_eog: bool, i: int, n_draft: int) -> bool:
-    """Sample-and-match: keep verifying after position i (common/sampling.cpp:704)."""
-    return draft_token == sampled and not (is_eog and i + 1 < n_draft)
+def match_continues(draft_token: int, sampled: int, is_eog: bool, i: int, n_draft: int, *,
+                    eog_rule: bool = True) -> bool:
+    """Sample-and-match: keep verifying after position i while the sample equals the draft token;
+    from b11269 (`eog_rule`, common/sampling.cpp:696) also stop at an EOG that is not the draft's last
+    token. Before it, acceptance runs past a matched EOG (process_token stops the emission there)."""
+    return draft_token == sampled and not (eog_rule and is_eog and i + 1 < n_draft)

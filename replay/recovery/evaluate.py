@@ -205,13 +205,14 @@ def _check_room(ctx: Context, n: int) -> None:
 
 def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
            n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
-           keep: int = 0, rebuild: bool = False) -> Iterator[Truth]:
+           keep: int = 0, rebuild: bool = False, suppress_tokens: bool = True) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
-    emitted token accepted after its position) for post-sampling values.
+    emitted token accepted after its position) for post-sampling values; `suppress_tokens` is the
+    build's chain rule (loop/eras.py).
     """
-    chain = SamplerChain(model, settings.params, settings.grammar) if post else None
+    chain = SamplerChain(model, settings.params, settings.grammar, suppress_tokens=suppress_tokens) if post else None
     try:
         if chain is not None:
             chain.accept_prompt(prompt)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import ModelError, SpecReplayError
+from ..errors import ModelError, SpecReplayError, TranscriptError
+from ..loop.eras import shape_for
 from ..runtime.backend import kernels_differ, replay_backend, server_backend
 from ..runtime.llama import Context, Model
 from ..settings import BY_ATTR, ContextConfig, resolve
@@ -39,6 +40,8 @@ class RecoverOptions:
     tolerance: float = DEFAULT_TOLERANCE
     batch_bound: float = BATCH_BOUND  # compare.judge_numerics
     server_backend: str | None = None  # --server-backend: what the server computed on, when no flag says
+    build: int | None = None  # --build N: the server's llama.cpp build, over the transcript's build_info
+    source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
 
@@ -146,6 +149,11 @@ class Recoverer:
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
         rep.settings = settings.describe()
         rep.notes += settings.notes
+        try:
+            rep.shape = shape_for(build=self.options.build, source=self.options.source,
+                                  build_info=rec.build_info or (rec.final() or {}).get("system_fingerprint"))
+        except ValueError as e:
+            raise TranscriptError(str(e)) from None
         plan = build_plan(rec, self.piece, settings.stop)
         self.check_vocab(rec, plan)
         prompt = prompt_ids(rec, self.model)
@@ -164,7 +172,7 @@ class Recoverer:
         unaligned: Unaligned | None = None
         try:
             for truth in truths(self.model, ctx, prompt, plan, settings, n_probs, post=post, chunk=self.options.chunk,
-                                keep=prefix.keep, rebuild=prefix.rebuild,
+                                keep=prefix.keep, rebuild=prefix.rebuild, suppress_tokens=rep.shape.era.suppress_tokens,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 evaluated.append(truth)
         except Unaligned as e:
@@ -175,6 +183,7 @@ class Recoverer:
         speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
         rep.slots = rec.slots(self.flags.get("n_parallel"))
+        rep.replay_backend = self.backend.name
         rep.server_backend = server_backend(self._server_flags(rec), self.options.server_backend)
         rep.kernels = kernels_differ(rep.server_backend, self.backend)
         rep.cause = numerics_cause(rep.slots, rep.kernels)

@@ -53,6 +53,8 @@ class RecordReport:
     prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
     settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
     slots: int | None = None  # the server's slots (None: not known)
+    shape: Any = None  # loop/eras.py Shape: the server's loop shape, and why
+    replay_backend: str = "CPU"  # runtime/backend.py: what this replay computed on
     server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
     cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
@@ -86,7 +88,11 @@ class RecordReport:
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
              "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
              "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
-             "numerics": {"slots": self.slots, "server_backend": self.server_backend, "kernels": self.kernels,
+             "loop_shape": None if self.shape is None else {
+                 "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
+                 "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
+             "numerics": {"slots": self.slots, "replay_backend": self.replay_backend,
+                          "server_backend": self.server_backend, "kernels": self.kernels,
                           "weighted_mean_diff_real": self.weighted_diff,
                           "cause": ("batch composition" if self.kernels is None else
                                     "kernels" if self.slots == 1 else "batch composition and kernels")

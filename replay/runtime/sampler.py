@@ -119,7 +119,9 @@ class SamplerChain:
     grammar: GrammarSampler | None = None  # (so close() works when __init__ failed early)
     _chain = None
 
-    def __init__(self, model, params: SamplingParams, grammar: Grammar | None = None):
+    def __init__(self, model, params: SamplingParams, grammar: Grammar | None = None, *, suppress_tokens: bool = True):
+        """`suppress_tokens`: the model's tokenizer.ggml.suppress_tokens join the logit bias (b10182 and
+        later, common/sampling.cpp:318; loop/eras.py)."""
         self.params = params
         self.model = model
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
@@ -138,9 +140,10 @@ class SamplerChain:
                 biases.append((int(tok), bias))
         if params.eog_bias:
             biases += [(t, -math.inf) for t in model.eog_ids]
-        n_sup = ctypes.c_int32(0)
-        sup = L.llama_vocab_get_suppress_tokens(vocab, ctypes.byref(n_sup))
-        biases += [(sup[i], -math.inf) for i in range(n_sup.value)]
+        if suppress_tokens:
+            n_sup = ctypes.c_int32(0)
+            sup = L.llama_vocab_get_suppress_tokens(vocab, ctypes.byref(n_sup))
+            biases += [(sup[i], -math.inf) for i in range(n_sup.value)]
         if biases:
             arr = (L.llama_logit_bias * len(biases))(*[L.llama_logit_bias(t, b) for t, b in biases])
             add(L.llama_sampler_init_logit_bias(n_vocab, len(biases), arr))

@@ -2,7 +2,7 @@
 resolution rules generated from it (config.py; sampling.py for the sampling settings of a
 request). Owns every spelling of a server flag."""
 from .config import ContextConfig, SpecConfig, check_props, describe, flags_block, recorded_flags, resolve
-from .table import BY_ATTR, BY_FLAG, PROFILES, SETTINGS, Setting, rows
+from .table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
 
-__all__ = ["BY_ATTR", "BY_FLAG", "PROFILES", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_props",
+__all__ = ["BY_ATTR", "BY_FLAG", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_props",
            "describe", "flags_block", "recorded_flags", "resolve", "rows"]

@@ -7,7 +7,7 @@
 A value is taken from the first of: a flag given to spec-replay (spelled as llama-server spells
 it), the server's own report in the /props that `record` captured (what it really runs with: a
 slot's n_ctx), the flags `record` was told the server was started with (the transcript's
-`server.flags`), llama-server's built-in default for the build profile. Sampling settings have
+`server.flags`), llama-server's built-in default. Sampling settings have
 more layers (the request, the model file): settings/sampling.py.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def dig(obj: Any, path: str) -> Any:
 
 
 def resolve(group: str, *, flags: Mapping[str, Any] | None = None, recorded: Mapping[str, Any] | None = None,
-            props: Mapping | None = None, profile: str = "b11434") -> Any:
+            props: Mapping | None = None) -> Any:
     """The `group`'s config object, each value from the first source that has it (module docstring).
     `flags` are ours by attr; `recorded` the transcript's server flags by flag name (Record.flags).
     Values are parsed as llama-server parses its flags; a bad one raises ValueError naming the flag."""
@@ -66,7 +66,7 @@ def resolve(group: str, *, flags: Mapping[str, Any] | None = None, recorded: Map
                 values[s.attr], sources[s.attr] = value, src
                 break
         else:
-            values[s.attr], sources[s.attr] = s.default_for(profile), "default"
+            values[s.attr], sources[s.attr] = s.default, "default"
     return _CLASSES[group](**values, sources=sources)
 
 

@@ -13,8 +13,8 @@ Columns:
     group           "speculative" | "context" | "sampling"   (the config object it belongs to)
     kind            int | float | choice | path | str | flag (no value) | list (comma-separated or
                     repeated, like --spec-type) | strings (repeated, each kept whole, like -r)
-    default         llama-server's built-in default (common/common.h), per build profile where
-                    they differ (`profiles` lists the builds that have the flag at all)
+    default         llama-server's built-in default (common/common.h); the same in every build
+                    spec-replay replays (loop/eras.py), which `since` says have the flag
     transcript      the key of the older `server.speculative` block of transcripts recorded before
                     `server.flags` ("ngram.mod-n-match" is the key "mod-n-match" of its "ngram" object)
     props           where a running server reports it: a dotted path in GET /props
@@ -30,12 +30,11 @@ Columns:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-PROFILES = ("b11434", "0c1e570")
 
-# common/speculative.cpp: common_speculative_all_types_str (b11434); replay support in loop/profiles.py
+# common/speculative.cpp: common_speculative_all_types_str (b11434); replay support in loop/replayable.py
 SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
               "draft-mtp", "draft-eagle3", "draft-dflash")
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp:396-406
@@ -57,8 +56,7 @@ class Setting:
     transcript: str | None = None
     props: str | None = None
     generation: str | None = None
-    profiles: tuple[str, ...] = PROFILES
-    profile_defaults: dict[str, Any] = field(default_factory=dict)
+    since: int | None = None  # the first build that has the flag (loop/eras.py), None: every known build
     request: tuple[str, ...] = ()
     gguf: str | None = None
     user_bit: bool = False
@@ -68,9 +66,6 @@ class Setting:
     @property
     def names(self) -> tuple[str, ...]:
         return (self.flag, *self.aliases)
-
-    def default_for(self, profile: str) -> Any:
-        return self.profile_defaults.get(profile, self.default)
 
     def parse(self, value: Any) -> Any:
         """A value as llama-server would take it on its command line (strings from the shell or a
@@ -153,7 +148,7 @@ SETTINGS: tuple[Setting, ...] = (
           aliases=("--draft-p-min",), metavar="P", source="common/arg.cpp:4207"),
     _spec("--spec-draft-sampling", "draft_sampling", "choice", "greedy",
           "greedy: the draft's argmax, verified by sample-and-match; probabilistic: sampled, verified by "
-          "rejection", choices=("greedy", "probabilistic"), profiles=("b11434",), source="common/arg.cpp:4223"),
+          "rejection", choices=("greedy", "probabilistic"), since=11368, source="common/arg.cpp:4223"),
     _spec("--spec-ngram-simple-size-n", "ngram_simple_size_n", "int", 12, "ngram-simple lookup length",
           ngram="simple-size-n", metavar="N", source="common/arg.cpp:4315"),
     _spec("--spec-ngram-simple-size-m", "ngram_simple_size_m", "int", 48, "ngram-simple draft length",

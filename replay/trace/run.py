@@ -7,18 +7,19 @@
 
 The server's flags resolve from ours, the transcript and its /props (settings/config.py), the
 sampling settings layer by layer (settings/sampling.py, transcripts/request.py); the loop's
-profile from `--profile` or the transcript's build_info. A divergence is explained by
+shape (loop/eras.py) from `--source DIR`, `--build N` or the transcript's build_info. A divergence is explained by
 trace/divergence.py.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ModelError, SpecReplayError
+from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
-from ..loop.profiles import DEFAULT_PROFILE, profile_of
+from ..loop.eras import NEWEST, Shape, shape_for
 from ..recovery.prompt import prompt_ids
 from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
@@ -48,7 +49,7 @@ class TraceResult:
     post: bool = False
     server_candidates: list[tuple[int, float]] | None = None  # the transcript's top list at the divergence
     notes: list[str] = field(default_factory=list)
-    profile: str = DEFAULT_PROFILE
+    shape: Shape | None = None  # the loop shape replayed, and why (loop/eras.py)
     spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
     settings: Effective | None = None  # the sampling settings, and where each came from
     compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
@@ -77,6 +78,9 @@ class TraceResult:
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
             "divergence": None if self.explanation is None else self.explanation.to_json(),
             "notes": self.notes,
+            "loop_shape": None if self.shape is None else {
+                "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
+                "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
         }
 
@@ -124,11 +128,11 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
 
 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
-             profile: str, draft: Model | None, n_probs: int, recorded: Plan | None = None,
+             shape: Shape, draft: Model | None, n_probs: int, recorded: Plan | None = None,
              timings: dict | None = None, server_state: dict | None = None, stream: bool = False) -> TraceResult:
     """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
     emits (compare_with_plan)."""
-    loop = SpeculativeLoop(target, prompt, settings, spec, profile=profile, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
+    loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
                            draft=draft, n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, flash_attn=ctx.flash_attn,
                            type_k=ctx.cache_type_k, type_v=ctx.cache_type_v, swa_full=ctx.swa_full,
@@ -149,7 +153,7 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
     t = timings or {}
     return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded_ids,
                        div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
-                       post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), profile=profile,
+                       post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
                        spec=spec, settings=settings, compared=compared)
 
 
@@ -237,12 +241,14 @@ class Drafts:
 
 # --- the two entry points ----------------------------------------------------------------
 
-def trace_record(rec: Record, target: Model, *, flags: dict | None = None, profile: str | None = None,
-                 server_state: dict | None = None, drafts: Drafts | None = None) -> TraceResult:
-    """Trace one recorded request with its settings (flags given here win over the transcript's).
-    Pass the same `server_state` for consecutive requests to one server. Errors name the record."""
+def trace_record(rec: Record, target: Model, *, flags: dict | None = None, build: int | None = None,
+                 source: Path | None = None, server_state: dict | None = None,
+                 drafts: Drafts | None = None) -> TraceResult:
+    """Trace one recorded request with its settings (flags given here win over the transcript's), in
+    the loop shape of `source` (a llama.cpp checkout), else of build `build`, else of the transcript's
+    build_info. Pass the same `server_state` for consecutive requests to one server. Errors name the record."""
     try:
-        return _trace_record(rec, target, flags or {}, profile, server_state, drafts or Drafts())
+        return _trace_record(rec, target, flags or {}, (build, source), server_state, drafts or Drafts())
     except SpecReplayError as e:
         err = e.located(rec.source, rec.index)
         if err is e:
@@ -250,14 +256,14 @@ def trace_record(rec: Record, target: Model, *, flags: dict | None = None, profi
         raise err from e
 
 
-def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, server_state: dict | None,
-                  drafts: Drafts) -> TraceResult:
+def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | None, Path | None],
+                  server_state: dict | None, drafts: Drafts) -> TraceResult:
     final = rec.final() or {}
-    profile = profile or profile_of(rec.build_info or final.get("system_fingerprint")) or DEFAULT_PROFILE
+    shape = loop_shape(rec, *given)
     prompt = prompt_ids(rec, target)
     _check_ids(prompt, target, "prompt")
-    spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
-    ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props, profile=profile)
+    spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
+    ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
     draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta)
     recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
@@ -265,7 +271,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     timings = final.get("timings")
     if isinstance(timings, dict):
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-    res = run_loop(target, prompt, settings, spec, ctx, profile=profile, draft=draft,
+    res = run_loop(target, prompt, settings, spec, ctx, shape=shape, draft=draft,
                    n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
                    server_state=server_state, stream=rec.stream)
     res.notes += list(settings.notes)
@@ -283,23 +289,39 @@ def _trace_record(rec: Record, target: Model, flags: dict, profile: str | None, 
     return res
 
 
+def loop_shape(rec: Record, build: int | None = None, source: Path | None = None) -> Shape:
+    """The loop shape to replay `rec` with: a checkout's code, else --build, else its build_info."""
+    try:
+        return shape_for(build=build, source=source,
+                         build_info=rec.build_info or (rec.final() or {}).get("system_fingerprint"))
+    except ValueError as e:
+        raise TranscriptError(str(e)) from None
+
+
 PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
 
 
-def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, profile: str | None = None,
-                 drafts: Drafts | None = None) -> TraceResult:
+def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build: int | None = None,
+                 source: Path | None = None, drafts: Drafts | None = None) -> TraceResult:
     """Run the loop from scratch on a text prompt: a /completion request that sets only the prompt
-    (and 5 probabilities), on a server started with `flags` (--seed 1 and -n 32 unless given)."""
-    profile = profile or DEFAULT_PROFILE
+    (and 5 probabilities), on a server started with `flags` (--seed 1 and -n 32 unless given), in the
+    loop shape of `source` or `build` (default: the newest)."""
+    if build is None and source is None:
+        shape = Shape(NEWEST, None, "the newest shape (no --build or --source)")
+    else:
+        try:
+            shape = shape_for(build=build, source=source)
+        except ValueError as e:
+            raise TranscriptError(str(e)) from None
     flags = {**PROMPT_DEFAULTS, **(flags or {})}
     ids = target.tokenize(prompt, add_special=True, parse_special=True)
-    spec = resolve("speculative", flags=flags, profile=profile)
-    ctx = resolve("context", flags=flags, profile=profile)
+    spec = resolve("speculative", flags=flags)
+    ctx = resolve("context", flags=flags)
     draft = (drafts or Drafts()).get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model \
         else None
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
-    return run_loop(target, ids, settings, spec, ctx, profile=profile, draft=draft, n_probs=5)
+    return run_loop(target, ids, settings, spec, ctx, shape=shape, draft=draft, n_probs=5)
 
 
 def _check_ids(ids: Sequence[int], target: Model, what: str) -> None:

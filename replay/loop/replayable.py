@@ -1,0 +1,34 @@
+"""What a loop shape (loop/eras.py) can replay: the speculative types, in priority order, and the
+configurations a shape's server could not have run."""
+from __future__ import annotations
+
+from ..errors import TranscriptError
+from .eras import Era
+
+# Replayable speculative types, in common_speculative_init's priority order (common/speculative.cpp:2697-2707):
+# the first one that returns a draft for a step wins.
+PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
+_HIDDEN_STATES = ("needs the target's hidden states (src/llama-ext.h), which libllama's C API does not expose")
+UNSUPPORTED = {
+    "draft-mtp": "MTP heads " + _HIDDEN_STATES,
+    "draft-eagle3": "EAGLE-3 " + _HIDDEN_STATES,
+    "draft-dflash": "DFlash " + _HIDDEN_STATES,
+}
+
+
+def check_replayable(spec, era: Era, *, has_draft_model: bool) -> None:
+    """Refuse, in one line, a configuration this loop shape cannot replay. No speculative type
+    at all is replayable: the server then decodes one token per step."""
+    if era.unsupported is not None:
+        raise TranscriptError(f"{era.describe()} is not replayed: {era.unsupported}")
+    if not era.rejection and spec.draft_sampling == "probabilistic":
+        raise TranscriptError(f"{era.describe()} has no --spec-draft-sampling probabilistic (no rejection verifier "
+                              "before b11368); this transcript cannot come from such a build")
+    types = [t for t in spec.spec_types if t != "none"]
+    for t in types:
+        if t in UNSUPPORTED:
+            raise TranscriptError(f"--spec-type {t} cannot be replayed: {UNSUPPORTED[t]}")
+        if t not in PRIORITY:
+            raise TranscriptError(f"unknown --spec-type {t!r}")
+    if "draft-simple" in types and not has_draft_model:
+        raise TranscriptError("--spec-type draft-simple needs the draft model: pass -md/--spec-draft-model")

@@ -22,6 +22,7 @@ of the verify row that scored it, and the post-sampling candidates of the target
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
@@ -151,6 +152,13 @@ class SpeculativeLoop:
                         type_v=spec.draft_cache_type_v)
         ctx_kw.update(type_k=type_k, type_v=type_v)
         self.ctx = Context(target, **ctx_kw)
+        # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
+        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
+        self.ckpt_tgt = not self.ctx.removes_suffixes()
+        self.ckpt: tuple[bytes | None, bytes | None] = (None, None)  # (target, draft) partial states
+        self.pending: tuple[list[int], Drafter | None] | None = None  # a restored step's kept tokens
+        # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
+        self.rejection_mode = era.rejection and params.temp > 0
         self.chain = SamplerChain(target, params, settings.grammar, suppress_tokens=era.suppress_tokens)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
         types = [t for t in spec.spec_types if t != "none"]
@@ -170,6 +178,7 @@ class SpeculativeLoop:
         slot = server_state if server_state is not None else {}
         self.draft = (DraftContext(draft, Context(draft, **draft_kw), era, params.temp, params.seed, slot)
                       if draft is not None else None)
+        self.ckpt_dft = self.draft is not None and not self.draft.ctx.removes_suffixes()
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
                                                      server_state=slot, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
@@ -222,15 +231,46 @@ class SpeculativeLoop:
         return Step(index=0, pos0=n_prompt, sampled=tok, rule="normal", emitted=[tok])
 
     def step(self, index: int) -> Step:
-        """One speculative step: draft, decode, verify, trim, emit."""
+        """One speculative step: draft, decode, verify, trim, emit. On a target whose memory cannot drop
+        a suffix (recurrent and hybrid models), a partly accepted draft instead restores the checkpoint
+        taken before the step and is replayed whole by the next step (server-context.cpp:4272-4330)."""
         pos0, sampled = len(self.kv), self.sampled
-        draft, drafter, q = self.draft_tokens(pos0)
-        self.n_draft += len(draft)
+        replay = self.pending is not None
+        if replay:  # the kept tokens of a restored step: no drafting (:3215-3220)
+            (draft, drafter), q, self.pending = self.pending, None, None
+        else:
+            dft_state = self.draft.ctx.save_partial() if self.draft is not None and self.ckpt_dft else None
+            draft, drafter, q = self.draft_tokens(pos0, dft_state)
+            self.n_draft += len(draft)
+            self.ckpt = (self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)  # :3281-3299
+        saved = (self.chain.snapshot(), copy.deepcopy(self.rng)) if self.ckpt_tgt and draft else None
         self.decode([sampled] + draft, pos0)
-        rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
-        v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
+        if replay and self.rejection_mode:
+            rule, v = "checkpoint replay", self.verify_replay(draft)  # server_accept_replay (:57-80)
+        else:
+            rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
+            v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
+        if saved is not None and len(v.ids) < len(draft) + 1:
+            # partial acceptance on a checkpointed target: restore, keep what was accepted (with the
+            # verifier's last token) as the next step's draft, and emit nothing now (:4282-4311)
+            self.ctx.load_partial(self.ckpt[0])
+            self.ctx.seq_rm(0, pos0, -1)
+            if self.draft is not None:
+                if self.ckpt[1] is not None:
+                    self.draft.ctx.load_partial(self.ckpt[1])
+                self.draft.ctx.seq_rm(0, pos0, -1)
+            self.chain.restore(saved[0])
+            self.rng = saved[1]
+            self.pending = (list(v.ids), drafter)
+            return Step(index=index, pos0=pos0, sampled=sampled, rule=rule + ", checkpoint restored",
+                        drafter=drafter.name if drafter else None, draft=list(draft), draft_q=_q_of(draft, q),
+                        target_p=v.target_p, uniforms=v.uniforms, accepted=len(v.ids) - 1, resampled=v.resampled,
+                        bonus=v.bonus, emitted=[])
+        if saved is not None:
+            self.chain.close_snapshot(saved[0])
         n_accepted = len(v.ids) - 1
-        self.n_accepted += n_accepted
+        # a replayed step's last kept token was the verifier's, not a draft's (:4322-4325)
+        self.n_accepted += n_accepted - 1 if replay and n_accepted > 0 else n_accepted
         if drafter is not None:
             drafter.accept(n_accepted)
         self.trim(pos0 + 1 + n_accepted)
@@ -247,7 +287,7 @@ class SpeculativeLoop:
                     draft=list(draft), draft_q=_q_of(draft, q), target_p=v.target_p, uniforms=v.uniforms,
                     accepted=n_accepted, resampled=v.resampled, bonus=v.bonus, emitted=emitted)
 
-    def draft_tokens(self, pos0: int) -> tuple[list[int], Drafter | None, list | None]:
+    def draft_tokens(self, pos0: int, dft_state: bytes | None = None) -> tuple[list[int], Drafter | None, list | None]:
         """(draft, the drafter that made it, its q per position or None): the first drafter with a
         non-empty draft wins; the draft context's drafting KV is then discarded (:3262-3307)."""
         n_remaining = self.limits.n_predict - len(self.emitted) if self.limits.n_predict >= 0 else -1
@@ -270,6 +310,8 @@ class SpeculativeLoop:
                     q = [EMPTY_Q] * n_max
                 break
         if self.draft is not None:
+            if dft_state is not None:  # a draft model that cannot drop a suffix goes back to its checkpoint
+                self.draft.ctx.load_partial(dft_state)
             self.draft.ctx.seq_rm(0, pos0, -1)
         return draft, drafter, q
 
@@ -295,6 +337,22 @@ class SpeculativeLoop:
                 v.resampled = dec.token
                 return v
         self._bonus(v, len(draft), bonus=bool(draft))
+        return v
+
+    def verify_replay(self, draft: list[int]) -> Verified:
+        """server_accept_replay (server-context.cpp:57-80): every kept token is accepted again after a
+        sample whose result is discarded (it advances the chain), then one new token is sampled."""
+        v = Verified()
+        for i, d_tok in enumerate(draft):
+            logits = self.ctx.logits(i)
+            _, cands = self._sample(logits)
+            draw = self.chain.n_applies
+            self.chain.accept(d_tok)
+            v.ids.append(d_tok)
+            v.rows.append((logits, cands))
+            v.how.append((draw, "replayed"))
+            v.target_p.append(post_sampling(cands, d_tok, 0)[0])
+        self._bonus(v, len(draft), bonus=True)
         return v
 
     def verify_match(self, draft: list[int]) -> Verified:

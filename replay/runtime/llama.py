@@ -324,6 +324,34 @@ class Context(_Owner):
         L.llama_memory_clear(L.llama_get_memory(self.ptr), True)
         self.kv_tokens = []
 
+    def removes_suffixes(self) -> bool:
+        """Can this context's memory drop a sequence's last positions? common_context_can_seq_rm
+        (common/common.cpp:1549-1590): decode two tokens, try to remove the second, clear. False for
+        recurrent and hybrid models (the server then verifies drafts from checkpoints)."""
+        self.clear()
+        self.decode([0, 0], 0, [False, True])
+        ok = bool(L.llama_memory_seq_rm(L.llama_get_memory(self.ptr), 0, 1, -1))
+        self.clear()
+        return ok
+
+    def save_partial(self, seq_id: int = 0) -> bytes:
+        """The sequence's partial state (recurrent or SWA cells only: LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY),
+        as the server's speculative checkpoint takes it (common_prompt_checkpoint.update_tgt)."""
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        n = int(L.llama_state_seq_get_size_ext(self.ptr, seq_id, flags))
+        buf = (ctypes.c_ubyte * n)()
+        got = int(L.llama_state_seq_get_data_ext(self.ptr, buf, n, seq_id, flags))
+        if got != n:
+            raise ModelError(f"libllama saved {got} of {n} bytes of a sequence state")
+        return bytes(buf)
+
+    def load_partial(self, data: bytes, seq_id: int = 0) -> None:
+        """Restore a state from save_partial (common_prompt_checkpoint.load_tgt)."""
+        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        if int(L.llama_state_seq_set_data_ext(self.ptr, buf, len(data), seq_id,
+                                              L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)) == 0:
+            raise ModelError("libllama could not restore a sequence state")
+
     def keep(self, n: int) -> None:
         """Keep the KV cells of positions 0..n-1 and drop the rest (clear when n is 0)."""
         if n <= 0:

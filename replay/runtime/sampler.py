@@ -242,6 +242,28 @@ class SamplerChain:
                 selected = int(np.nonzero(cands["id"] == sel_id)[0][0])
         return cands, selected
 
+    def snapshot(self) -> tuple:
+        """A copy of the chain's state (every sampler's RNG and history) and the grammar's, for
+        `restore`: common_sampler_clone (common/sampling.cpp:515-526)."""
+        return (L.llama_sampler_clone(self._chain),
+                L.llama_sampler_clone(self.grammar._ptr) if self.grammar is not None else None, self.n_applies)
+
+    def restore(self, snap: tuple) -> None:
+        """Go back to a snapshot (consumed): common_sampler_copy (common/sampling.cpp:528-547)."""
+        chain, grammar, self.n_applies = snap
+        L.llama_sampler_free(self._chain)
+        self._chain = chain
+        if self.grammar is not None:
+            L.llama_sampler_free(self.grammar._ptr)
+            self.grammar._ptr = grammar
+
+    @staticmethod
+    def close_snapshot(snap: tuple) -> None:
+        """Free a snapshot that will not be restored."""
+        for ptr in snap[:2]:
+            if ptr is not None:
+                L.llama_sampler_free(ptr)
+
     def close(self) -> None:
         if self.grammar is not None:
             self.grammar.close()

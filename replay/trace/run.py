@@ -280,6 +280,8 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     if res.first_divergence is not None:
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
         res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
+    elif res.reproduced is False:
+        res.notes.append(drafts_differ(res, draft is not None))
     cached = n_prompt_cached(rec.final())
     if cached:
         res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "
@@ -287,6 +289,18 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
                          "near-tie may sample differently (record with cache_prompt false; recover rebuilds "
                          "the cache state)")
     return res
+
+
+def drafts_differ(res: TraceResult, draft_model: bool) -> str:
+    """Why every token can match while the draft totals do not: the drafts were chosen differently."""
+    why = ("the draft model's argmax at a near-tie follows the kernels that computed its logits: a server "
+           "whose ggml differs from this replay's libllama (an older or newer build, a GPU, other CPU code "
+           "paths) can draft another token there, and sample-and-match still emits the target's tokens"
+           if draft_model else "an n-gram drafter's state differs (earlier requests to the same server that "
+                               "the transcript does not hold?)")
+    return (f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, "
+            f"accepted {res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted}): "
+            + why)
 
 
 def loop_shape(rec: Record, build: int | None = None, source: Path | None = None) -> Shape:

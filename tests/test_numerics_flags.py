@@ -1,0 +1,148 @@
+"""Flags that change the server's numerics: -fa, -ctk, -ctv, -b, -ub, --swa-full; and a server whose
+kernels differ from the replay's (a GPU, another CPU), shown on CPU with a baseline-kernel build.
+
+Each flag case starts a speculating and an unspeculated b11434 server with the same flags; trace must
+reproduce the speculating server token for token, and recover must fill exactly the unspeculated
+server's values, both reading the flags from the transcript's `server.flags`.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from replay.cli import main
+from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.llamacpp.record import RequestItem, record_one
+from replay.paths import FIXTURES
+from replay.transcripts.entries import record_entries
+from replay.transcripts.format import dumps
+from replay.transcripts.readers import read_text
+
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
+STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+GEMMA = FIXTURES / "tiny-gemma3-target.gguf", FIXTURES / "tiny-gemma3-draft.gguf"
+
+CASES = {
+    "-fa off": {"flash_attn": "off"},
+    "-fa on -ctk q8_0 -ctv q8_0": {"flash_attn": "on", "cache_type_k": "q8_0", "cache_type_v": "q8_0"},
+    "-ctk q8_0 (-fa auto)": {"cache_type_k": "q8_0"},
+    "-b 16 -ub 8": {"n_batch": 16, "n_ubatch": 8},
+}
+
+
+def _record(srv: LlamaServer, prompt: str, seed: int, temp: float = 1.0, n: int = 24) -> dict:
+    body = {"prompt": prompt, "n_predict": n, "n_probs": 3, "temperature": temp, "seed": seed, "cache_prompt": False}
+    return record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
+
+
+def _worst(fixed: dict, plain: dict) -> tuple[float, int]:
+    a = record_entries(read_text(json.dumps(fixed), "a")[0])
+    b = record_entries(read_text(json.dumps(plain), "b")[0])
+    worst, n = 0.0, 0
+    for x, y in zip(a, b):
+        if x.id != y.id:
+            break
+        n += 1
+        for u, v in [(x.logprob, y.logprob)] + [(p[2], q[2]) for p, q in zip(x.top, y.top)]:
+            if math.isfinite(u) or math.isfinite(v):
+                worst = max(worst, abs(u - v))
+    return worst, n
+
+
+def _prove(spec_srv: LlamaServer, plain_srv: LlamaServer, model, draft, prompt: str, tmp_path, seeds=range(1, 6)):
+    """trace token-exact and recover equal to the unspeculated server; returns (max |diff|, tokens)."""
+    spec = [_record(spec_srv, prompt, s) for s in seeds]
+    plain = [_record(plain_srv, prompt, s) for s in seeds]
+    src = tmp_path / "spec.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in spec))
+    r = CliRunner().invoke(main, ["trace", str(src), "-m", str(model), "-md", str(draft), "--json"])
+    assert r.exit_code == 0, r.output[-1500:]
+    recs = json.loads(r.stdout)["records"]
+    assert all(x["reproduced"] for x in recs), [x["first_divergence"] for x in recs]
+    out = tmp_path / "fixed.jsonl"
+    r = CliRunner().invoke(main, ["recover", str(src), "-m", str(model), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output[-1500:]
+    worst, n = 0.0, 0
+    for line, p in zip(out.read_text().splitlines(), plain):
+        w, k = _worst(json.loads(line), p)
+        worst, n = max(worst, w), n + k
+    return worst, n, src
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_numerics_flags_are_replayed_exactly(case, start_server, smollm2, smollm2_draft, tmp_path):
+    flags = CASES[case]
+    # greedy drafts at t 1: sample-and-match emits the unspeculated server's tokens, so the two runs
+    # can be compared token for token (a probabilistic draft changes the draws)
+    spec_srv = start_server(ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",), **flags))
+    plain_srv = start_server(ServerConfig(smollm2, **flags))
+    worst, n, src = _prove(spec_srv, plain_srv, smollm2, smollm2_draft, STORY, tmp_path)
+    assert n >= 20 and worst <= 5e-4, (case, worst, n)
+    print(f"\n{case}: max |recovered - unspeculated| {worst:.2e} over {n} tokens")
+    if "cache_type_k" in flags:
+        # the flag matters: without it (stripped from server.flags) recover cannot match the server's values
+        lines = [json.loads(x) for x in src.read_text().splitlines()]
+        for t in lines:
+            t["server"]["flags"] = {k: v for k, v in t["server"]["flags"].items()
+                                    if k not in ("--cache-type-k", "--cache-type-v", "--flash-attn")}
+        stripped = tmp_path / "stripped.jsonl"
+        stripped.write_text("".join(json.dumps(t) + "\n" for t in lines))
+        r = CliRunner().invoke(main, ["diff", str(stripped), "-m", str(smollm2), "--json"])
+        counts = json.loads(r.stdout)["summary"]["counts"]
+        assert r.exit_code != 0 and counts["mismatch"] > 0, counts
+
+
+@pytest.mark.parametrize("swa_full", [False, True], ids=["swa", "swa-full"])
+def test_sliding_window_cache_size_is_replayed(swa_full, start_server, tmp_path):
+    """Gemma 3's iSWA cache, default and --swa-full, with a context large enough that the SWA cache is
+    smaller than the full one when not --swa-full."""
+    model, draft = GEMMA
+    flags = {"n_ctx": 1024, "swa_full": True if swa_full else None}
+    spec_srv = start_server(ServerConfig(model, draft_model=draft, spec_types=("draft-simple",), **flags))
+    plain_srv = start_server(ServerConfig(model, **flags))
+    worst, n, _ = _prove(spec_srv, plain_srv, model, draft, "hello world, the cat sat on the mat " * 4, tmp_path)
+    assert n >= 20 and worst <= 5e-4, (worst, n)
+    print(f"\nswa_full={swa_full}: max |recovered - unspeculated| {worst:.2e} over {n} tokens")
+
+
+@pytest.fixture(scope="module")
+def generic_server():
+    """b11434 built with GGML_NATIVE=OFF: baseline x86-64 kernels, not the replay's native ones."""
+    from replay.llamacpp.build import BuildSpec, ensure_built
+    return ensure_built(BuildSpec("b11434", cpu="generic"))
+
+
+def test_a_server_with_other_kernels_is_filled_kept_measured_and_reported(generic_server, smollm2, smollm2_draft,
+                                                                           tmp_path):
+    """Like a GPU transcript: values computed by other kernels cannot be bit-exact on this CPU. Told so
+    (--server-backend), recover fills the placeholders with its own values, keeps the server's real
+    values as sent, measures their disagreement and reports it; trace explains a parting by numerics."""
+    cfg = ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",))
+    with LlamaServer(cfg, binary=generic_server.server) as srv:
+        recs = [_record(srv, STORY, s, temp=0.0, n=48) for s in range(1, 4)]
+    src = tmp_path / "generic.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in recs))
+    out = tmp_path / "fixed.jsonl"
+    r = CliRunner().invoke(main, ["recover", str(src), "-m", str(smollm2), "-o", str(out), "--json",
+                                  "--server-backend", "x86-64 baseline kernels (GGML_NATIVE=OFF)"])
+    assert r.exit_code == 0, r.output[-1500:]
+    reps = json.loads(r.stdout)["records"]
+    for rep in reps:
+        num = rep["numerics"]
+        assert num["replay_backend"] == "CPU" and num["server_backend"].startswith("x86-64 baseline")
+        assert num["kernels"] and "x86-64 baseline" in num["kernels"]
+        assert rep["summary"]["counts"]["mismatch"] == 0
+        assert rep["summary"]["counts"]["placeholder"] > 0
+    diffs = [rep["numerics"]["weighted_mean_diff_real"] for rep in reps]
+    print(f"\nbaseline-kernel server vs native replay: weighted |diff| of real values {diffs}; "
+          f"judged numerics: {[rep['numerics']['cause'] for rep in reps]}")
+    # the kept values are the server's own: the repaired file carries them unchanged
+    for line, t in zip(out.read_text().splitlines(), recs):
+        fixed = record_entries(read_text(line, "f")[0])
+        sent = record_entries(read_text(json.dumps(t), "s")[0])
+        for a, b in zip(fixed, sent):
+            if b.top:  # a real entry
+                assert (a.logprob, a.top) == (b.logprob, b.top)

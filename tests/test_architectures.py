@@ -13,19 +13,18 @@ patch bit-exact (patch --verify's checks), and the distribution lab's server and
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.llamacpp.matrix import max_value_diff
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.llamacpp.record import RequestItem, record_one
 from replay.paths import FIXTURES
 from replay.recovery.recover import recover_records
 from replay.runtime.llama import Model
-from replay.transcripts.entries import record_entries
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text
 
@@ -87,10 +86,6 @@ def test_trace_reproduces_the_server_on_each_architecture(arch, mode, start_serv
         assert "checkpoint replay" in rules or temp == 0 or mode == "greedy-t1"
 
 
-def _values(t: dict) -> list:
-    return record_entries(read_text(json.dumps(t), "t")[0])
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_recovered_values_are_the_unspeculated_servers(arch, start_server):
     """Every value recover fills equals what the same server build reports without speculation."""
@@ -108,13 +103,9 @@ def test_recovered_values_are_the_unspeculated_servers(arch, start_server):
                 c = done.report.summary()["counts"]
                 assert c["mismatch"] == c["unaligned"] == 0, done.report.to_json()["tokens"][:3]
                 filled += c["placeholder"] + c["missing"]
-                for a, b in zip(_values(done.container), _values(p)):
-                    if a.id != b.id:
-                        break  # the runs part (probabilistic drafts change the draws): values compared up to there
-                    compared += 1
-                    for u, v in [(a.logprob, b.logprob)] + [(x[2], y[2]) for x, y in zip(a.top, b.top)]:
-                        if math.isfinite(u) or math.isfinite(v):
-                            worst = max(worst, abs(u - v))
+                # compared up to where the runs part (probabilistic drafts change the draws)
+                w, n = max_value_diff(done.container, p)
+                worst, compared = max(worst, w), compared + n
     finally:
         model.close()
     assert filled > 20 and compared > 40

@@ -8,12 +8,12 @@ server's values, both reading the flags from the transcript's `server.flags`.
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.llamacpp.matrix import max_value_diff
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.llamacpp.record import RequestItem, record_one
 from replay.paths import FIXTURES
@@ -38,20 +38,6 @@ def _record(srv: LlamaServer, prompt: str, seed: int, temp: float = 1.0, n: int 
     return record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
 
 
-def _worst(fixed: dict, plain: dict) -> tuple[float, int]:
-    a = record_entries(read_text(json.dumps(fixed), "a")[0])
-    b = record_entries(read_text(json.dumps(plain), "b")[0])
-    worst, n = 0.0, 0
-    for x, y in zip(a, b):
-        if x.id != y.id:
-            break
-        n += 1
-        for u, v in [(x.logprob, y.logprob)] + [(p[2], q[2]) for p, q in zip(x.top, y.top)]:
-            if math.isfinite(u) or math.isfinite(v):
-                worst = max(worst, abs(u - v))
-    return worst, n
-
-
 def _prove(spec_srv: LlamaServer, plain_srv: LlamaServer, model, draft, prompt: str, tmp_path, seeds=range(1, 6)):
     """trace token-exact and recover equal to the unspeculated server; returns (max |diff|, tokens)."""
     spec = [_record(spec_srv, prompt, s) for s in seeds]
@@ -67,7 +53,7 @@ def _prove(spec_srv: LlamaServer, plain_srv: LlamaServer, model, draft, prompt: 
     assert r.exit_code == 0, r.output[-1500:]
     worst, n = 0.0, 0
     for line, p in zip(out.read_text().splitlines(), plain):
-        w, k = _worst(json.loads(line), p)
+        w, k = max_value_diff(json.loads(line), p)
         worst, n = max(worst, w), n + k
     return worst, n, src
 

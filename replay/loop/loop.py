@@ -159,7 +159,8 @@ class SpeculativeLoop:
         self.pending: tuple[list[int], Drafter | None] | None = None  # a restored step's kept tokens
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
         self.rejection_mode = era.rejection and params.temp > 0
-        self.chain = SamplerChain(target, params, settings.grammar, suppress_tokens=era.suppress_tokens)
+        self.chain = SamplerChain(target, params, settings.grammar, suppress_tokens=era.suppress_tokens,
+                                  single_draw=era.single_draw)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
         types = [t for t in spec.spec_types if t != "none"]
         if era.md_auto_draft and draft is not None and "draft-simple" not in types:

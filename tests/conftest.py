@@ -26,8 +26,15 @@ import pytest
 from replay.llamacpp import models
 from replay.llamacpp.build import BuildSpec, ensure_built
 from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.runtime import binding
 
 os.environ.setdefault("SPEC_REPLAY_TESTING", "1")
+
+# One libllama for the whole test process, whatever is in the build cache: llama-cpp-python's own.
+# In-process CLI calls then keep it (cli/options.py: choose_libllama); tests of the build's own
+# libllama run the CLI in a subprocess (tests/test_binding.py).
+os.environ.pop(binding.ENV, None)
+binding.load()
 
 
 # what each fixture needs; a test whose fixtures (transitively) need a marker must carry it

@@ -111,7 +111,7 @@ def test_steps_range_limits_the_table():
     p = FIXTURES / "transcripts" / "tiny-draft-simple.json"
     r = run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--steps", "1:3")
     assert r.exit_code == 0, r.output
-    table = r.output.split("\n\n")[0].splitlines()[2:]
+    table = r.stdout.split("\n\n")[0].splitlines()[2:]
     assert [int(line.split()[0]) for line in table] == [1, 2]
     assert "reproduced: all 20 tokens" in r.output
 

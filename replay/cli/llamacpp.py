@@ -97,13 +97,15 @@ def _verify_server_patch(source: Path | None, profile: str, seeds: int, as_json:
     from ..llamacpp.patch_proof import HEADERS, table, verify_server_patch
     shape, rows = verify_server_patch(source, profile, seeds=range(1, seeds + 1), log=None,
                                       progress=lambda what: click.echo(f"checking {what}", err=True))
+    from ..runtime.binding import loaded_path
+    lib = str(loaded_path() or "llama-cpp-python's own")
     if as_json:
-        click.echo(json.dumps({"code_shape": shape, "passed": all(r.passed for r in rows),
+        click.echo(json.dumps({"code_shape": shape, "libllama": lib, "passed": all(r.passed for r in rows),
                                "rows": [r.to_json() for r in rows]}, indent=2))
     else:
         click.echo(tabulate(table(rows), headers=HEADERS))
         n_fail = sum(not r.passed for r in rows)
-        click.echo(f"\n{len(rows) - n_fail}/{len(rows)} checks passed ({shape} code shape)")
+        click.echo(f"\n{len(rows) - n_fail}/{len(rows)} checks passed ({shape} code shape; trace on libllama {lib})")
     if not all(r.passed for r in rows):
         raise SystemExit(1)
 

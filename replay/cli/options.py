@@ -9,6 +9,7 @@ or llama-server's default (settings/config.py), and reports say which.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -82,3 +83,32 @@ class _ProfileType(click.ParamType):
 
 
 PROFILE = _ProfileType()
+
+
+def libllama_option(fn: Callable) -> Callable:
+    """--libllama: which libllama the replay evaluates with (llamacpp/libllama.py chooses by default)."""
+    return click.option("--libllama", "libllama", metavar="PATH|bundled",
+                        help="evaluate with this libllama.so (or the directory holding it; its llama.h is looked "
+                             "for beside it or in --source) instead of the one chosen for the transcript's build "
+                             "(that build's own when it is built here: spec-replay build --profile bN), or "
+                             "'bundled' for llama-cpp-python's own")(fn)
+
+
+def choose_libllama(explicit: str | None, source, build: int | None, records=(), *, quiet: bool = False) -> None:
+    """Pick the libllama for this run (loaded on first use) and say which on stderr, unless `quiet`
+    (--json output carries it); warnings and hints are always said."""
+    from ..llamacpp.libllama import libllama_for
+    from ..runtime.binding import loaded_path, use_libllama
+    infos = [r.build_info or (r.final() or {}).get("system_fingerprint") for r in records]
+    choice = libllama_for(explicit=explicit, source=source and Path(source), build=build, build_infos=infos)
+    if not use_libllama(choice, strict=bool(explicit)):  # in-process reuse (tests, notebooks): keep what is loaded
+        if not quiet:
+            click.echo(f"libllama: {loaded_path() or 'llama-cpp-python own'} (already loaded in this process; "
+                       f"{choice.describe()} not used)", err=True)
+        return
+    if not quiet:
+        click.echo(f"libllama: {choice.describe()}", err=True)
+    if choice.warning:
+        click.echo(f"warning: {choice.warning}", err=True)
+    if choice.hint:
+        click.echo(f"hint: {choice.hint}", err=True)

@@ -12,7 +12,7 @@ from ..recovery.compare import DEFAULT_TOLERANCE
 from ..recovery.recover import RecoverOptions
 from ..recovery.report import RecoverResult
 from . import handle_errors, main
-from .options import given_flags, server_flags
+from .options import choose_libllama, given_flags, libllama_option, server_flags
 
 
 def _recover_options(fn):
@@ -42,6 +42,7 @@ def _recover_options(fn):
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
         server_flags("context", "sampling"),
+        libllama_option,
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -116,7 +117,7 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
             as_json, force,
-            verbose, output, in_place, resume, **flags) -> None:
+            verbose, libllama, output, in_place, resume, **flags) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -149,6 +150,7 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
             raise click.UsageError("--report must not be the transcript or the output file")
         refuse_existing(report_file, force)
     records, original = _load(transcript, request_file, model)
+    choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
                              build=build, source=source)
     if len(records) > 1:
@@ -174,12 +176,14 @@ def _recover_journaled(records, original: str, model: str, flags: dict, options:
                        report_file: str | None) -> None:
     from ..recovery.recover import Recovered
     from ..recovery.repair import jsonl_line
+    from ..runtime.binding import loaded_path
     from ..transcripts.journal import Journal
     if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
         raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
     fingerprint = {"input": str(Path(transcript).resolve()),
                    "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
                    "model": str(Path(model).resolve()), "tolerance": options.tolerance,
+                   "libllama": str(loaded_path() or "bundled"),
                    "flags": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(flags.items())}}
     journal = Journal(out, fingerprint)
     done = journal.open(resume=resume, force=force)
@@ -214,7 +218,7 @@ def _recover_journaled(records, original: str, model: str, flags: dict, options:
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
          as_json, force,
-         verbose, **flags) -> None:
+         verbose, libllama, **flags) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
     \b
@@ -225,6 +229,7 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     if report_file:
         refuse_existing(report_file, force)
     records, original = _load(transcript, request_file, model)
+    choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
                              build=build, source=source)
     done = _run(records, model, given_flags(flags), options, verbose)

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from ..trace.run import TraceResult
 from ..transcripts.readers import Record
 from . import handle_errors, main
-from .options import given_flags, server_flags
+from .options import choose_libllama, given_flags, libllama_option, server_flags
 
 
 @main.command()
@@ -29,9 +29,11 @@ from .options import given_flags, server_flags
 @click.option("--steps", "steps_range", help="only show steps a:b")
 @click.option("--json", "as_json", is_flag=True, help="the full trace as JSON")
 @click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
+@libllama_option
 @server_flags("speculative", "context", "sampling")
 @handle_errors
-def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, verbose, **flags) -> None:
+def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, verbose, libllama,
+          **flags) -> None:
     """Replay llama-server's speculative loop step by step and check it against a transcript.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
@@ -57,12 +59,13 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     set_verbose(verbose)
     if not transcript and not prompt:
         raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
-    target = Model(check_gguf(model))
+    check_gguf(model)
+    records = read_file(transcript, read_request(request_file) if request_file else None) if transcript else []
+    choose_libllama(libllama, source, build, records, quiet=as_json)
+    target = Model(model)
     drafts = Drafts()
     results: list[tuple[Record | None, TraceResult]] = []
     if transcript:
-        request = read_request(request_file) if request_file else None
-        records = read_file(transcript, request)
         server_state: dict = {}  # records of one JSONL are requests to one server, in order
         with progress_bar(len(records), "tracing records") as advance:
             for rec in records:

@@ -311,7 +311,9 @@ def verify_server_patch(source: Path | None, profile: str, *, seeds: range, log:
     """Build the unpatched and patched server of `source` (or of the pinned `profile` tree)
     and run every check; returns the recognised code shape and the table rows."""
     from . import models
+    from ..runtime.binding import use_libllama
     from .build import BuildSpec, ensure_built
+    from .libllama import libllama_of
     from .patches import server_patch
     tree = Path(source) if source is not None else pinned_tree(profile)
     patch = server_patch(tree)
@@ -319,6 +321,8 @@ def verify_server_patch(source: Path | None, profile: str, *, seeds: range, log:
     base = BuildSpec(profile, source_dir=source)
     unpatched = ensure_built(base, log=log)
     patched = ensure_built(BuildSpec(profile, source_dir=source, patch=path), log=log)
+    # trace's predictions on the build's own kernels, unless this process already holds a libllama
+    use_libllama(libllama_of(unpatched), strict=False)
     setups = default_setups(models.smollm2(), models.smollm2_draft(unpatched.quantize),
                             models.tiny_target(), models.tiny_draft())
     if not shape_of_source(tree)[0].rejection:  # no --spec-draft-sampling before b11368 (loop/eras.py)

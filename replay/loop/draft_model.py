@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import llama_cpp as L
+from ..runtime.binding import L
 import numpy as np
 
 from ..numerics.rng import DRAFT_SEED_XOR

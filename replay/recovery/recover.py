@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.eras import shape_for
 from ..runtime.backend import kernels_differ, replay_backend, server_backend
+from ..runtime.binding import loaded_path
 from ..runtime.llama import Context, Model
 from ..settings import BY_ATTR, ContextConfig, resolve
 from ..transcripts.entries import drafted, n_generated, n_prompt_cached
@@ -184,6 +185,7 @@ class Recoverer:
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
         rep.slots = rec.slots(self.flags.get("n_parallel"))
         rep.replay_backend = self.backend.name
+        rep.libllama = None if loaded_path() is None else str(loaded_path())
         rep.server_backend = server_backend(self._server_flags(rec), self.options.server_backend)
         rep.kernels = kernels_differ(rep.server_backend, self.backend)
         rep.cause = numerics_cause(rep.slots, rep.kernels)

@@ -55,6 +55,7 @@ class RecordReport:
     slots: int | None = None  # the server's slots (None: not known)
     shape: Any = None  # loop/eras.py Shape: the server's loop shape, and why
     replay_backend: str = "CPU"  # runtime/backend.py: what this replay computed on
+    libllama: str | None = None  # runtime/binding.py: the libllama file it computed with (None: the binding's own)
     server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
     cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
@@ -91,7 +92,7 @@ class RecordReport:
              "loop_shape": None if self.shape is None else {
                  "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
                  "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
-             "numerics": {"slots": self.slots, "replay_backend": self.replay_backend,
+             "numerics": {"slots": self.slots, "replay_backend": self.replay_backend, "libllama": self.libllama,
                           "server_backend": self.server_backend, "kernels": self.kernels,
                           "weighted_mean_diff_real": self.weighted_diff,
                           "cause": ("batch composition" if self.kernels is None else

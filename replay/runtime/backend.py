@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-import llama_cpp as L
+from .binding import L
 
 CPU = "CPU"
 

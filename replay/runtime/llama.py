@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-import llama_cpp as L
+from .binding import L
 import numpy as np
 
 from ..errors import ModelError, SpecReplayError
@@ -28,13 +28,15 @@ from .gguf import check_gguf
 _verbose = bool(os.environ.get("SPEC_REPLAY_VERBOSE"))
 
 
-@L.llama_log_callback
-def _log_cb(level, text, user_data):  # pragma: no cover - C callback
+def _log(level, text, user_data):  # pragma: no cover - C callback
     if _verbose:
         try:
             os.write(2, text)
         except OSError:
             pass
+
+
+_log_cb = None  # the ctypes callback, made once the binding is loaded and kept alive here
 
 
 def set_verbose(flag: bool) -> None:
@@ -46,8 +48,9 @@ _backend_ready = False
 
 
 def _backend() -> None:
-    global _backend_ready
+    global _backend_ready, _log_cb
     if not _backend_ready:
+        _log_cb = L.llama_log_callback(_log)
         L.llama_log_set(_log_cb, ctypes.c_void_p(0))
         L.llama_backend_init()
         _backend_ready = True

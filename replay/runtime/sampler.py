@@ -25,7 +25,7 @@ import ctypes
 import math
 from typing import Sequence
 
-import llama_cpp as L
+from .binding import L
 import numpy as np
 
 from ..errors import TranscriptError

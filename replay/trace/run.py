@@ -21,6 +21,7 @@ from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.eras import NEWEST, Shape, shape_for
 from ..recovery.prompt import prompt_ids
+from ..runtime.binding import loaded_path
 from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
 from ..settings import ContextConfig, SpecConfig, describe, resolve
@@ -78,6 +79,7 @@ class TraceResult:
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
             "divergence": None if self.explanation is None else self.explanation.to_json(),
             "notes": self.notes,
+            "libllama": None if loaded_path() is None else str(loaded_path()),
             "loop_shape": None if self.shape is None else {
                 "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
                 "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},

@@ -1,0 +1,312 @@
+"""llama-cpp-python's ctypes binding, loaded over the libllama the replay should evaluate with.
+
+By default that is the libllama llama-cpp-python ships (its vendored llama.cpp, 0c1e570 = b11311).
+A server built from another llama.cpp build computes with that build's ggml kernels; a draft model's
+argmax at a near-tie, or the last bits of a logprob, follow those kernels. Replaying on the build's
+own libllama (the shared library our CMakeLists.txt builds beside llama-server) makes the replay
+bit-exact there too.
+
+The binding declares every function of its own llama.h at import (llama_cpp/llama_cpp.py:
+`ctypes_function` looks each symbol up), and loads `$LLAMA_CPP_LIB_PATH/libllama.so` when that is
+set (llama_cpp/llama_cpp.py:36-43). An older libllama lacks the newest symbols (b10705: llama_process,
+llama_batch_ext_*, ...): those become functions that raise if called. What the replay does call must
+have the binding's ABI; `abi_differences` checks that against the build's own include/llama.h before
+the library is loaded: each struct the replay passes by value or pointer has the binding's fields in
+the binding's order and sizes, each function the replay calls takes as many arguments.
+
+Everything in the package reaches libllama through `L` below, which imports the binding on first
+use. `use_libllama` must be called before that (the CLI does, once it knows the transcript's build);
+it is inherited by worker processes through SPEC_REPLAY_LIBLLAMA.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecReplayError
+
+ENV = "SPEC_REPLAY_LIBLLAMA"
+
+# What the replay passes to libllama: structs (by value or through pointers) ...
+STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_token_data",
+           "llama_token_data_array", "llama_sampler_chain_params", "llama_logit_bias")
+# ... and functions (tests/test_binding.py checks this covers every `L.llama_*(` call in replay/).
+FUNCTIONS = (
+    "llama_backend_init", "llama_log_set", "llama_supports_gpu_offload",
+    "llama_model_default_params", "llama_model_load_from_file", "llama_model_free", "llama_model_get_vocab",
+    "llama_model_meta_val_str", "llama_model_chat_template",
+    "llama_context_default_params", "llama_init_from_model", "llama_free", "llama_n_ctx", "llama_n_ubatch",
+    "llama_decode", "llama_get_logits_ith", "llama_get_memory", "llama_memory_clear", "llama_memory_seq_rm",
+    "llama_batch_init", "llama_batch_free",
+    "llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext", "llama_state_seq_set_data_ext",
+    "llama_tokenize", "llama_token_to_piece", "llama_vocab_n_tokens", "llama_vocab_type", "llama_vocab_get_text",
+    "llama_vocab_is_eog", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
+    "llama_vocab_get_suppress_tokens",
+    "llama_sampler_chain_default_params", "llama_sampler_chain_init", "llama_sampler_chain_add",
+    "llama_sampler_free", "llama_sampler_clone", "llama_sampler_apply", "llama_sampler_accept",
+    "llama_sampler_init_temp", "llama_sampler_init_temp_ext", "llama_sampler_init_top_k", "llama_sampler_init_top_p",
+    "llama_sampler_init_min_p", "llama_sampler_init_typical", "llama_sampler_init_xtc",
+    "llama_sampler_init_top_n_sigma", "llama_sampler_init_penalties", "llama_sampler_init_dry",
+    "llama_sampler_init_mirostat", "llama_sampler_init_mirostat_v2", "llama_sampler_init_logit_bias",
+    "llama_sampler_init_grammar", "llama_sampler_init_grammar_lazy_patterns", "llama_sampler_init_infill",
+    "llama_sampler_init_dist", "llama_sampler_init_adaptive_p",
+)
+
+
+class BindingError(SpecReplayError):
+    """A libllama cannot be loaded under llama-cpp-python's binding."""
+
+
+@dataclass(frozen=True)
+class LibChoice:
+    """Which libllama to evaluate with: `path` None is the binding's own; `why` for the report line."""
+
+    path: Path | None
+    why: str
+    header: Path | None = None
+    warning: str | None = None  # a library was found but cannot be used
+    hint: str | None = None  # how to make the build's own library available
+
+    def describe(self) -> str:
+        what = str(self.path) if self.path else "llama-cpp-python's own (llama.cpp 0c1e570 = b11311)"
+        return f"{what}, chosen by {self.why}"
+
+
+# --- reading a llama.h ------------------------------------------------------------------------------
+
+def _strip_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
+def header_structs(text: str) -> dict[str, list[str]]:
+    """{struct name: its field names in order} of a llama.h (typedef'd or not; a function-pointer
+    field is named by its pointer)."""
+    out: dict[str, list[str]] = {}
+    for name, body in re.findall(r"struct\s+(\w+)\s*\{(.*?)\}\s*\w*\s*;", _strip_comments(text), flags=re.S):
+        fields = []
+        for decl in body.split(";"):
+            decl = " ".join(decl.split())
+            m = re.match(r".*\(\s*\*\s*(\w+)\s*\)", decl) or re.match(r".*?(\w+)\s*(?:\[\s*\w+\s*\])?$", decl)
+            if m:
+                fields.append(m.group(1))
+        out[name] = fields
+    return out
+
+
+def header_functions(text: str) -> dict[str, int]:
+    """{function name: number of parameters} of every LLAMA_API declaration in a llama.h (also those
+    wrapped in DEPRECATED(...)); parameters are counted at parenthesis depth 0."""
+    out: dict[str, int] = {}
+    flat = " ".join(_strip_comments(text).split())
+    for m in re.finditer(r"LLAMA_API\s+(?:DEPRECATED\(\s*)?", flat):
+        start = flat.find("(", m.end())
+        name = re.search(r"(\w+)\s*$", flat[m.end():start]) if start > 0 else None
+        if name is None:
+            continue
+        depth, k = 0, start
+        while k < len(flat):
+            depth += flat[k] == "("
+            depth -= flat[k] == ")"
+            k += 1
+            if depth == 0:
+                break
+        params = flat[start + 1:k - 1].strip()
+        out[name.group(1)] = 0 if params == "void" else _count_params(params)
+    return out
+
+
+def _count_params(text: str) -> int:
+    """Comma-separated items at parenthesis depth 0 (a trailing comma adds none)."""
+    depth, n, item = 0, 0, False
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            n, item = n + item, False
+        elif not ch.isspace():
+            item = True
+    return n + item
+
+
+def _binding_module():
+    """llama_cpp.llama_cpp's declarations without loading a library: the module is already imported
+    once a choice is being checked in-process, or we read the declarations from its source."""
+    import importlib.util
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise BindingError("llama-cpp-python is not installed (pip install llama-cpp-python==0.3.36)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def binding_layout() -> tuple[dict[str, list[str]], dict[str, int]]:
+    """The binding's structs and parameter counts, read from llama_cpp/llama_cpp.py's declarations
+    (`class NAME(ctypes.Structure)` with `_fields_`, `@ctypes_function("NAME", [argtypes], restype)`)
+    so that checking a library does not load one."""
+    src = (_binding_module() / "llama_cpp.py").read_text()
+    structs: dict[str, list[str]] = {}
+    for name in STRUCTS:
+        m = re.search(rf"\n{name}\._fields_ = \[(.*?)\n\]", src, flags=re.S) or \
+            re.search(rf"class {name}\(ctypes\.Structure\):.*?_fields_ = \[(.*?)\n    \]", src, flags=re.S)
+        if not m:
+            raise BindingError(f"llama-cpp-python's binding has no struct {name}")
+        structs[name] = re.findall(r"\(\s*\"(\w+)\"", m.group(1))
+    funcs: dict[str, int] = {}
+    for m in re.finditer(r"@ctypes_function\(\s*\"(\w+)\",\s*\[(.*?)\],", src, flags=re.S):
+        funcs[m.group(1)] = _count_params(m.group(2))
+    return structs, funcs
+
+
+def abi_differences(header_text: str) -> list[str]:
+    """What the replay uses that a llama.h declares differently from the binding: structs whose field
+    names (in order) differ, functions with another number of parameters or missing. Empty when the
+    library can be called through the binding."""
+    h_structs, h_funcs = header_structs(header_text), header_functions(header_text)
+    b_structs, b_funcs = binding_layout()
+    out = []
+    for name in STRUCTS:
+        theirs, ours = h_structs.get(name, []), b_structs[name]
+        if theirs != ours:
+            extra = [f for f in theirs if f not in ours][:3]
+            lack = [f for f in ours if f not in theirs][:3]
+            what = "; ".join(x for x in (extra and f"has {', '.join(extra)}", lack and f"lacks {', '.join(lack)}") if x)
+            out.append(f"struct {name} differs ({what or 'field order'})")
+    for name in FUNCTIONS:
+        if name not in h_funcs:
+            out.append(f"{name} is not declared")
+        elif name in b_funcs and h_funcs[name] != b_funcs[name]:
+            out.append(f"{name} takes {h_funcs[name]} parameters, the binding {b_funcs[name]}")
+    return out
+
+
+# --- choosing and loading ---------------------------------------------------------------------------
+
+def library_file(path: Path) -> Path | None:
+    """libllama.so in `path` (a file, or a directory holding it), else None."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    for cand in (p / "libllama.so", p / "libllama.dylib"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def header_near(lib: Path, source: Path | None = None) -> Path | None:
+    """The include/llama.h that declares `lib`: in `source` if given, else up from the library's
+    directory (a checkout's build/bin, or our cache's build/bin beside src/)."""
+    roots = [Path(source)] if source is not None else []
+    d = Path(lib).resolve().parent
+    for _ in range(4):
+        roots += [d, d / "src"]
+        d = d.parent
+    for r in roots:
+        h = r / "include" / "llama.h"
+        if h.is_file():
+            return h
+    return None
+
+
+def check_library(lib: Path, header: Path | None) -> list[str]:
+    """Why `lib` cannot be used through the binding (empty: it can)."""
+    if header is None:
+        return [f"no include/llama.h found beside {lib} to check its ABI against the binding"]
+    return abi_differences(header.read_text(errors="replace"))
+
+
+_loaded: types.ModuleType | None = None
+_loaded_path: Path | None = None
+
+
+def use_libllama(choice: LibChoice, *, strict: bool = True) -> bool:
+    """Evaluate with `choice` from now on (and in worker processes, through the environment). It must
+    come before libllama is loaded: once one is, another cannot be (a process holds one ggml). Then
+    `strict` raises, else the loaded one stays and False is returned."""
+    want = None if choice.path is None else Path(choice.path).resolve()
+    if _loaded is not None:
+        if want != _loaded_path and strict:
+            have = _loaded_path or "llama-cpp-python's own libllama"
+            raise BindingError(f"libllama is already loaded from {have}; cannot switch to {want or 'the binding'}'s "
+                               "in the same process")
+        return want == _loaded_path
+    if want is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = str(want)
+    return True
+
+
+def loaded_path() -> Path | None:
+    """The libllama file in use (None: llama-cpp-python's own), loading the binding if needed."""
+    load()
+    return _loaded_path
+
+
+def load() -> types.ModuleType:
+    """Import llama_cpp over the chosen libllama (SPEC_REPLAY_LIBLLAMA, else the binding's own)."""
+    global _loaded, _loaded_path
+    if _loaded is not None:
+        return _loaded
+    want = os.environ.get(ENV)
+    if not want:
+        import llama_cpp
+        _loaded = llama_cpp
+        return llama_cpp
+    lib = library_file(Path(want))
+    if lib is None:
+        raise BindingError(f"{ENV}={want}: no libllama.so there")
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(lib.parent)
+    absent_names: list[str] = []
+    original = ctypes.CDLL.__getattr__
+
+    def lookup(self, name):
+        try:
+            return original(self, name)
+        except AttributeError:
+            if name.startswith("__"):
+                raise
+            absent_names.append(name)
+            return _absent(name, lib)
+
+    ctypes.CDLL.__getattr__ = lookup  # the binding looks every symbol up at import
+    try:
+        import llama_cpp
+    except (OSError, RuntimeError) as e:
+        raise BindingError(f"cannot load {lib}: {str(e).splitlines()[0]}") from None
+    finally:
+        ctypes.CDLL.__getattr__ = original
+    used_absent = sorted(set(absent_names) & set(FUNCTIONS))
+    if used_absent:
+        raise BindingError(f"{lib} lacks {', '.join(used_absent)}, which the replay calls")
+    _loaded, _loaded_path = llama_cpp, lib.resolve()
+    return llama_cpp
+
+
+def _absent(name: str, lib: Path):
+    def call(*_args, **_kw):
+        raise BindingError(f"{lib} has no {name} (an older libllama)")
+    call.__name__ = name
+    return call
+
+
+def has_symbol(name: str) -> bool:
+    """The loaded libllama exports `name` (older builds lack the newest functions)."""
+    mod = load()
+    return getattr(getattr(mod, name, None), "__module__", None) != __name__
+
+
+class _Lazy(types.ModuleType):
+    """`L.llama_decode(...)`: the binding, imported on first attribute use. After that the module's
+    names are copied onto this object, so later lookups cost what a module attribute costs."""
+
+    def __getattr__(self, name: str):
+        mod = load()
+        self.__dict__.update({k: v for k, v in vars(mod).items() if not k.startswith("__")})
+        return getattr(mod, name)
+
+
+L = _Lazy("replay.runtime.binding.L")

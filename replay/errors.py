@@ -5,7 +5,8 @@
     ├── ModelError             a GGUF is missing, corrupt, or not the transcript's model
     ├── ServerError            a llama-server is unreachable, not llama.cpp, or answered an error
     ├── TranscriptError        a request/transcript file cannot be read or replayed
-    └── OutputExistsError      refusing to overwrite a file without --force
+    ├── OutputExistsError      refusing to overwrite a file without --force
+    └── WorkerDied             an evaluator process or Ray actor ended without finishing its work
 
 Messages are one line and name the thing at fault (file and record, URL and
 status), so a user can act on them without a traceback.
@@ -69,3 +70,7 @@ class TranscriptError(SpecReplayError):
 
 class OutputExistsError(SpecReplayError):
     """The output file exists and --force was not given."""
+
+
+class WorkerDied(SpecReplayError):
+    """An evaluator process (or Ray actor) ended without finishing its work; names it and its record."""

@@ -50,7 +50,8 @@ def _recover_options(fn):
 
 
 def _load(transcript: str, request_file: str | None, model: str):
-    """(records, the file's text), after checking the model file (a wrong model is reported first)."""
+    """(records, the file's text, the --request body), after checking the model file (a wrong model is
+    reported first)."""
     from ..errors import TranscriptError
     from ..runtime.gguf import check_gguf
     from ..transcripts.files import read_request
@@ -60,7 +61,7 @@ def _load(transcript: str, request_file: str | None, model: str):
     check_gguf(model)
     request = read_request(request_file) if request_file else None
     original = read_source(transcript)
-    return read_text(original, str(transcript), request), original
+    return read_text(original, str(transcript), request), original, request
 
 
 def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: bool, *, skip: int = 0,
@@ -113,11 +114,18 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @_recover_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="where to write the repaired transcript")
 @click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
-@click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial)")
+@click.option("--resume", is_flag=True, help="continue an interrupted multi-record run (OUT.partial), with any "
+                                             "number of workers")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="recover a JSONL's records on N processes, each loading the model once (-t per worker "
+                   "defaults to the cores shared out); the output is the same bytes as one worker's")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="run the workers as Ray actors on this cluster (an address, or 'auto'); needs "
+                   "pip install 'spec-replay[ray]'. --workers sets how many actors")
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
             as_json, force,
-            verbose, libllama, output, in_place, resume, **flags) -> None:
+            verbose, libllama, output, in_place, resume, workers, ray_address, **flags) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -149,14 +157,16 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
         if Path(report_file).resolve() in (out.resolve(), Path(transcript).resolve()):
             raise click.UsageError("--report must not be the transcript or the output file")
         refuse_existing(report_file, force)
-    records, original = _load(transcript, request_file, model)
+    records, original, request = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
                              build=build, source=source)
     if len(records) > 1:
-        _recover_journaled(records, original, model, flags, options, verbose, out, transcript, force or in_place,
-                           resume, as_json, report_file)
+        _recover_journaled(records, original, request, model, flags, options, verbose, out, transcript,
+                           force or in_place, resume, as_json, report_file, workers=workers, ray_address=ray_address)
         return
+    if workers > 1 or ray_address:
+        click.echo("note: one record: --workers/--ray do not apply", err=True)
     if resume:
         raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
     res = result_of(records, _run(records, model, flags, options, verbose), original)
@@ -171,13 +181,17 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     _wrote(out, res, len(records))
 
 
-def _recover_journaled(records, original: str, model: str, flags: dict, options: RecoverOptions, verbose: bool,
-                       out: Path, transcript: str, force: bool, resume: bool, as_json: bool,
-                       report_file: str | None) -> None:
-    from ..recovery.recover import Recovered
-    from ..recovery.repair import jsonl_line
+def _recover_journaled(records, original: str, request: dict | None, model: str, flags: dict,
+                       options: RecoverOptions, verbose: bool, out: Path, transcript: str, force: bool, resume: bool,
+                       as_json: bool, report_file: str | None, *, workers: int = 1,
+                       ray_address: str | None = None) -> None:
     from ..runtime.binding import loaded_path
+    from ..runtime.llama import set_verbose
+    from ..scale.ordered import InOrder, run_units
+    from ..scale.shards import plan_units
+    from ..scale.worker import Done, Job, default_threads
     from ..transcripts.journal import Journal
+    from .progress import progress_bar
     if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
         raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
     fingerprint = {"input": str(Path(transcript).resolve()),
@@ -189,28 +203,45 @@ def _recover_journaled(records, original: str, model: str, flags: dict, options:
     done = journal.open(resume=resume, force=force)
     if done > len(records):
         raise click.UsageError(f"{journal.path} has {done} records but the input only {len(records)}")
-    failed = []
-
-    def on_record(rec, got: Recovered) -> bool:
-        if not got.report.recovered:
-            failed.append(got)
-            return False
-        journal.append(jsonl_line(got.container))
-        return True
-
+    set_verbose(verbose)
+    finished = set(range(done)) | set(journal.ahead)
+    units = plan_units(records, finished)
+    parallel = workers > 1 or ray_address is not None
+    threads = flags.get("threads") or (default_threads(workers) if parallel and not ray_address else None)
+    job = Job(original, str(transcript), request, str(Path(model).resolve()), flags, options, threads,
+              None if loaded_path() is None else str(loaded_path()))
+    writer = InOrder(journal, done)
+    results: list[Done] = []
+    failed: list[Done] = []
+    if parallel and len(units) < workers:
+        click.echo(f"note: {len(records) - len(finished)} records form {len(units)} unit(s) of work (records the "
+                   "server served from the previous one's cache stay together): fewer than --workers", err=True)
     try:
-        finished = _run(records, model, flags, options, verbose, skip=done, on_record=on_record)
+        with progress_bar(len(records), "recovering records", done=len(finished)) as advance:
+            def on_done(d: Done) -> bool:
+                results.append(d)
+                advance(len(finished) + len(results))
+                if d.line is None or not d.report.recovered:
+                    failed.append(d)
+                    return False
+                writer.add(d.index, d.line)
+                return True
+            run_units(job, units, workers=workers, ray_address=ray_address, on_done=on_done)
     finally:
         journal.close()
-    res = RecoverResult([r.report for r in finished], "")
+    res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")
     _show(res, as_json)
     _write_report(report_file, res, force)
     if failed:
-        click.echo(f"Error: {res.failure()}; {out} not written (records before it are kept in {journal.path})",
-                   err=True)
+        kept = f"the {writer.next} records before it are kept in {journal.path}"
+        if journal.ahead_path.exists():
+            kept += f" (and those finished after it in {journal.ahead_path.name})"
+        click.echo(f"Error: {res.failure() or failed[0].report.source + ': record could not be repaired'}; "
+                   f"{out} not written ({kept})", err=True)
         sys.exit(1)
     journal.finish(force=force)
-    _wrote(out, res, len(records), f" ({done} finished earlier)" if done else "")
+    earlier = len(finished)
+    _wrote(out, res, len(records), f" ({earlier} finished earlier)" if earlier else "")
 
 
 @main.command()
@@ -228,7 +259,7 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     from ..transcripts.files import refuse_existing
     if report_file:
         refuse_existing(report_file, force)
-    records, original = _load(transcript, request_file, model)
+    records, original, _ = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
                              build=build, source=source)

@@ -78,6 +78,11 @@ class Recoverer:
             self._ctx.close()
             self._ctx = None
 
+    def forget(self) -> None:
+        """Keep no KV positions for the next record (a new unit of work: scale/shards.py), so that what
+        an evaluator did before cannot change what it computes next."""
+        self._exact_upto = 0
+
     def _server_flags(self, rec: Record) -> dict[str, Any]:
         """The record's server flags by flag name, ours (given on the command line) over the recorded ones."""
         return {**(rec.flags or {}), **{BY_ATTR[a].flag: v for a, v in self.flags.items() if a in BY_ATTR}}

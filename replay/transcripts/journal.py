@@ -7,6 +7,11 @@ without --force) and both are removed. A run killed or interrupted at any point 
 only whole lines of finished records (a torn last line is cut off when resuming) and no
 OUT; `--resume` checks the fingerprint, skips the finished records and appends the rest,
 so the result is byte-identical to an uninterrupted run.
+
+With several evaluators (scale/), records finish out of order: one that finishes before an earlier
+one is appended to `OUT.partial.ahead` as {"record": k, "line": ...} (0-based k) and moves into
+OUT.partial when the records before it are done. `--resume` skips those too, whatever the number of
+evaluators either run had.
 """
 from __future__ import annotations
 
@@ -22,8 +27,11 @@ class Journal:
         self.out = Path(out)
         self.path = self.out.with_name(self.out.name + ".partial")
         self.meta = self.out.with_name(self.out.name + ".partial.json")
+        self.ahead_path = self.out.with_name(self.out.name + ".partial.ahead")
         self.fingerprint = fingerprint
         self._fd: int | None = None
+        self._ahead_fd: int | None = None
+        self.ahead: dict[int, str] = {}  # finished out of order, by 0-based record (read on --resume)
 
     def open(self, *, resume: bool, force: bool) -> int:
         """Start (or continue) the journal; returns how many records are already finished."""
@@ -48,12 +56,21 @@ class Journal:
                 with open(self.path, "r+b") as f:
                     f.truncate(len(keep))
             done = keep.count(b"\n")
+            self.ahead = {k: v for k, v in _read_ahead(self.ahead_path).items() if k >= done}
         else:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             _write_small(self.meta, json.dumps(self.fingerprint, indent=2) + "\n")
             self.path.write_bytes(b"")
+            self.ahead_path.unlink(missing_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         return done
+
+    def append_ahead(self, index: int, line: str) -> None:
+        """A record finished before those in front of it (0-based `index`): kept aside, fsynced."""
+        if self._ahead_fd is None:
+            self._ahead_fd = os.open(self.ahead_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(self._ahead_fd, (json.dumps({"record": index, "line": line}) + "\n").encode("utf-8"))
+        os.fsync(self._ahead_fd)
 
     def append(self, line: str) -> None:
         """One finished record: a single write of the whole line, then fsync."""
@@ -67,6 +84,9 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._ahead_fd is not None:
+            os.close(self._ahead_fd)
+            self._ahead_fd = None
 
     def finish(self, *, force: bool) -> None:
         """Move the complete result into place and remove the journal."""
@@ -81,6 +101,23 @@ class Journal:
             raise OutputExistsError(f"{self.out} exists; use --force to overwrite it "
                                     f"(the finished result is kept in {self.path})") from None
         self.meta.unlink(missing_ok=True)
+        self.ahead_path.unlink(missing_ok=True)
+
+
+def _read_ahead(path: Path) -> dict[int, str]:
+    """The out-of-order records kept by an interrupted run; a torn last line is ignored."""
+    out: dict[int, str] = {}
+    try:
+        data = path.read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in data.splitlines():
+        try:
+            d = json.loads(line)
+            out[int(d["record"])] = str(d["line"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def _write_small(path: Path, text: str) -> None:

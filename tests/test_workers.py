@@ -1,0 +1,167 @@
+"""`recover --workers N`: a JSONL's records on N processes, the same bytes as one.
+
+* the output of 2 workers is byte for byte the output of 1, and so is a run interrupted with 2
+  workers and resumed with 1 (or the other way round): the journal takes records in file order, and
+  keeps the ones that finished early aside (OUT.partial.ahead);
+* a worker that dies is reported with the record it was on, in one line; the run stops, keeps what
+  finished, and --resume completes it to the same bytes;
+* values do not depend on the thread count (-t 1 and -t 2 give the same bytes);
+* records the server served from the previous record's cache stay with it (scale/shards.py), and a
+  unit resumed in the middle is warmed up from its start.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replay.llamacpp.models import tiny_target
+from replay.paths import FIXTURES
+from replay.scale.shards import SHARED_CHARS, Unit, chains, plan_units
+from replay.transcripts.readers import Record
+
+N_RECORDS = 48
+
+
+@pytest.fixture(scope="module")
+def evals(tmp_path_factory) -> Path:
+    """Independent records: the tiny fixture's draft-simple transcript, pre- and post-sampling."""
+    one = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    post = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple-post.json").read_text())
+    p = tmp_path_factory.mktemp("workers") / "evals.jsonl"
+    p.write_text("".join(json.dumps(one if k % 3 else post) + "\n" for k in range(N_RECORDS)))
+    return p
+
+
+def _cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "replay.cli", *map(str, args)]
+
+
+def recover(src: Path, out: Path, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd("recover", src, "-m", tiny_target(), "-o", out, *extra),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def one_worker(evals, tmp_path_factory) -> bytes:
+    out = tmp_path_factory.mktemp("one") / "out.jsonl"
+    r = recover(evals, out)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes()
+
+
+def test_two_workers_write_the_bytes_of_one(evals, one_worker, tmp_path):
+    r = recover(evals, tmp_path / "out.jsonl", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.jsonl").read_bytes() == one_worker
+    assert f"recovered in {N_RECORDS} record(s)" in r.stderr
+    assert not list(tmp_path.glob("out.jsonl.partial*"))
+
+
+def test_values_do_not_depend_on_the_thread_count(evals, tmp_path):
+    outs = []
+    for t in ("1", "2"):
+        r = recover(evals, tmp_path / f"t{t}.jsonl", "-t", t, "--workers", "2")
+        assert r.returncode == 0, r.stderr
+        outs.append((tmp_path / f"t{t}.jsonl").read_bytes())
+    assert outs[0] == outs[1]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+def _lines(p: Path) -> int:
+    return p.read_bytes().count(b"\n") if p.exists() else 0
+
+
+def _workers_of(driver: subprocess.Popen) -> list[int]:
+    """The driver's worker processes (spawned python children, not multiprocessing's resource tracker)."""
+    return [c for c in _children(driver.pid)
+            if "spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
+            and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
+
+
+@pytest.mark.parametrize("first,then", [("2", "1"), ("1", "2")])
+def test_an_interrupted_run_resumes_with_another_worker_count(evals, one_worker, tmp_path, first, then):
+    out = tmp_path / "out.jsonl"
+    p = subprocess.Popen(_cmd("recover", evals, "-m", tiny_target(), "-o", out, "--workers", first),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while _lines(tmp_path / "out.jsonl.partial") < 6 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=60)
+    assert p.returncode != 0 and not out.exists()
+    assert b"Traceback" not in p.stderr.read()
+    time.sleep(0.5)
+    assert not _workers_of(p)  # none left computing for nobody
+    r = recover(evals, out, "--resume", "--workers", then)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == one_worker
+    assert "finished earlier" in r.stderr
+
+
+def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(evals, one_worker, tmp_path):
+    out = tmp_path / "out.jsonl"
+    p = subprocess.Popen(_cmd("recover", evals, "-m", tiny_target(), "-o", out, "--workers", "2"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _lines(tmp_path / "out.jsonl.partial") < 4 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = _workers_of(p)
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    errors = [x for x in err.splitlines() if x.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert "died (signal 9) while recovering" in errors[0] and f"{evals}, record " in errors[0]
+    assert not out.exists() and _lines(tmp_path / "out.jsonl.partial") >= 4
+    r = recover(evals, out, "--resume", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes() == one_worker
+
+
+# --- which records travel together (pure) -----------------------------------------------------------
+
+def rec(k: int, prompt: str, cache_n: int = 0) -> Record:
+    body = {"content": "x", "timings": {"prompt_n": 5, "cache_n": cache_n, "predicted_n": 1}}
+    return Record("f.jsonl", k + 1, "/completion", {"prompt": prompt}, False, response=body)
+
+
+def test_a_record_served_from_the_previous_ones_cache_stays_with_it():
+    rs = [rec(0, "a"), rec(1, "a b", cache_n=1), rec(2, "c"), rec(3, "c d", cache_n=1), rec(4, "c d e", cache_n=2),
+          rec(5, "f")]
+    assert chains(rs) == [(0, 2), (2, 5), (5, 6)]
+    assert [u.records for u in plan_units(rs)] == [(2, 3, 4), (0, 1), (5,)]  # largest first
+
+
+def test_records_sharing_a_long_prompt_prefix_stay_together_though_independent():
+    system = "s" * SHARED_CHARS
+    rs = [rec(0, system + "1"), rec(1, system + "2"), rec(2, "other")]
+    assert chains(rs) == [(0, 2), (2, 3)]
+
+
+def test_resuming_inside_a_chain_warms_up_from_where_its_dependency_starts():
+    rs = [rec(0, "a"), rec(1, "a b", cache_n=1), rec(2, "a b c", cache_n=2), rec(3, "z")]
+    units = plan_units(rs, finished={0, 1})
+    assert units == [Unit((0, 1, 2), frozenset({0, 1})), Unit((3,))]
+    assert units[0].work == (2,)
+    # a finished record nothing later depends on is not evaluated again
+    assert plan_units(rs, finished={3}) == [Unit((0, 1, 2))]

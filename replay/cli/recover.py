@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import SpecReplayError
 from ..recovery.compare import DEFAULT_TOLERANCE
 from ..recovery.recover import RecoverOptions
 from ..recovery.report import RecoverResult
@@ -194,6 +195,9 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
     from .progress import progress_bar
     if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
         raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
+    if ray_address is not None:
+        from ..scale.ray_pool import check_cluster
+        check_cluster(ray_address)
     fingerprint = {"input": str(Path(transcript).resolve()),
                    "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
                    "model": str(Path(model).resolve()), "tolerance": options.tolerance,
@@ -226,7 +230,12 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
                     return False
                 writer.add(d.index, d.line)
                 return True
-            run_units(job, units, workers=workers, ray_address=ray_address, on_done=on_done)
+            run_units(job, units, workers=workers, ray_address=ray_address, on_done=on_done,
+                      on_note=lambda text: click.echo(f"note: {text}", err=True))
+    except SpecReplayError:
+        if not resume:
+            journal.discard_if_empty()
+        raise
     finally:
         journal.close()
     res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")

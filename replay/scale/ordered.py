@@ -57,7 +57,8 @@ def run_in_process(job: Job, units: Sequence[Unit], on_event: Callable[[str, obj
 
 
 def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address: str | None = None,
-              on_done: Callable[[Done], bool], on_start: Callable[[int], None] | None = None) -> None:
+              on_done: Callable[[Done], bool], on_start: Callable[[int], None] | None = None,
+              on_note: Callable[[str], None] | None = None) -> None:
     """Recover `units` in this process, on `workers` local processes, or on Ray (`ray_address`);
     `on_done(done)` for every finished record, in the order they finish; it returns False to stop
     the run (a record that could not be repaired). Errors: the failing record's SpecReplayError,
@@ -68,6 +69,8 @@ def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address:
                 on_start(what)
         elif kind == "done" and on_done(what) is False:
             raise Stop()
+        elif kind == "note" and on_note is not None:
+            on_note(what)
 
     try:
         if ray_address is not None:

@@ -88,6 +88,16 @@ class Journal:
             os.close(self._ahead_fd)
             self._ahead_fd = None
 
+    def discard_if_empty(self) -> bool:
+        """Remove a journal that holds no finished record (a run that failed before its first one):
+        nothing to resume, nothing to keep."""
+        self.close()
+        if self.path.exists() and self.path.stat().st_size == 0 and not self.ahead_path.exists():
+            self.path.unlink()
+            self.meta.unlink(missing_ok=True)
+            return True
+        return False
+
     def finish(self, *, force: bool) -> None:
         """Move the complete result into place and remove the journal."""
         self.close()

@@ -1,0 +1,124 @@
+"""`recover --ray ADDRESS`: the same units on Ray actors, on a local 2-CPU head this test starts.
+
+* the output and journal are written by the driver, the same bytes as one local worker's;
+* an actor killed mid-run is replaced and its unit retried: the run completes, same bytes;
+* a cluster that does not answer is one line, and leaves no files behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replay.llamacpp.models import tiny_target
+from replay.paths import FIXTURES
+
+pytestmark = pytest.mark.ray
+
+N_RECORDS = 160
+
+
+def _ray_cli() -> str:
+    exe = Path(sys.executable).parent / "ray"
+    if not exe.exists():
+        raise AssertionError("Ray is not installed: pip install -e '.[ray]' (scripts/setup does)")
+    return str(exe)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    port = _free_port()
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    subprocess.run([_ray_cli(), "start", "--head", "--num-cpus", "2", "--port", str(port), "--node-ip-address",
+                    "127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
+                   check=True, capture_output=True, env=env, timeout=180)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True, env=env, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def evals(tmp_path_factory) -> Path:
+    one = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    post = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple-post.json").read_text())
+    p = tmp_path_factory.mktemp("ray") / "evals.jsonl"
+    p.write_text("".join(json.dumps(one if k % 3 else post) + "\n" for k in range(N_RECORDS)))
+    return p
+
+
+def _cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "replay.cli", *map(str, args)]
+
+
+def recover(src: Path, out: Path, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run(_cmd("recover", src, "-m", tiny_target(), "-o", out, *extra),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def one_worker(evals, tmp_path_factory) -> bytes:
+    out = tmp_path_factory.mktemp("one") / "out.jsonl"
+    r = recover(evals, out)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes()
+
+
+def test_ray_actors_write_the_bytes_of_one_local_worker(ray_head, evals, one_worker, tmp_path):
+    r = recover(evals, tmp_path / "out.jsonl", "--ray", ray_head, "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.jsonl").read_bytes() == one_worker
+    assert not list(tmp_path.glob("out.jsonl.partial*"))
+
+
+def _actors() -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if cmd.startswith("ray::RayEvaluator"):
+                pids.append(int(d.name))
+    return pids
+
+
+def test_a_killed_actor_is_replaced_and_its_unit_retried(ray_head, evals, one_worker, tmp_path):
+    out = tmp_path / "out.jsonl"
+    p = subprocess.Popen(_cmd("recover", evals, "-m", tiny_target(), "-o", out, "--ray", ray_head, "--workers", "2"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = tmp_path / "out.jsonl.partial"
+    deadline = time.monotonic() + 180
+    while (not partial.exists() or partial.read_bytes().count(b"\n") < 8) and p.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    actors = _actors()
+    assert p.poll() is None and actors, "the run ended before an actor could be killed"
+    os.kill(actors[0], signal.SIGKILL)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err
+    assert "a Ray actor died while recovering" in err and "retried on a new actor" in err
+    assert out.read_bytes() == one_worker
+
+
+def test_a_cluster_that_does_not_answer_is_one_line_and_leaves_nothing(evals, tmp_path):
+    port = _free_port()  # nothing listens there
+    r = recover(evals, tmp_path / "out.jsonl", "--ray", f"127.0.0.1:{port}", "--workers", "2")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    errors = [x for x in r.stderr.splitlines() if x.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")
+    assert not list(tmp_path.iterdir())

@@ -5,6 +5,11 @@ CliRunner never prints a traceback: an exception that escapes a command is kept 
 exactly one `Error: ...` line; anything else is a crash."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 from click.testing import CliRunner, Result
 
 from replay.cli import main
@@ -26,3 +31,23 @@ def one_error(result: Result) -> str:
     lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(lines) == 1, result.output
     return lines[0]
+
+
+def cli_command(*args) -> list[str]:
+    """The command line that runs `spec-replay ARGS` in a fresh process (a process holds one libllama)."""
+    return [sys.executable, "-m", "replay.cli", *map(str, args)]
+
+
+def recover_in_subprocess(src: Path, model: Path, out: Path, *extra) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command("recover", src, "-m", model, "-o", out, *extra),
+                          capture_output=True, text=True, timeout=600)
+
+
+def tiny_jsonl(path: Path, n: int) -> Path:
+    """`n` independent records: the tiny fixture's committed draft-simple transcript, pre- and
+    post-sampling, as one JSONL."""
+    from replay.paths import FIXTURES
+    one = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
+    post = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple-post.json").read_text())
+    path.write_text("".join(json.dumps(one if k % 3 else post) + "\n" for k in range(n)))
+    return path

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
+
 from replay.llamacpp.models import tiny_target
-from replay.paths import FIXTURES
 
 pytestmark = pytest.mark.ray
 
@@ -53,20 +53,11 @@ def ray_head():
 
 @pytest.fixture(scope="module")
 def evals(tmp_path_factory) -> Path:
-    one = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
-    post = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple-post.json").read_text())
-    p = tmp_path_factory.mktemp("ray") / "evals.jsonl"
-    p.write_text("".join(json.dumps(one if k % 3 else post) + "\n" for k in range(N_RECORDS)))
-    return p
-
-
-def _cmd(*args) -> list[str]:
-    return [sys.executable, "-m", "replay.cli", *map(str, args)]
+    return tiny_jsonl(tmp_path_factory.mktemp("ray") / "evals.jsonl", N_RECORDS)
 
 
 def recover(src: Path, out: Path, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run(_cmd("recover", src, "-m", tiny_target(), "-o", out, *extra),
-                          capture_output=True, text=True, timeout=600)
+    return recover_in_subprocess(src, tiny_target(), out, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +90,7 @@ def _actors() -> list[int]:
 
 def test_a_killed_actor_is_replaced_and_its_unit_retried(ray_head, evals, one_worker, tmp_path):
     out = tmp_path / "out.jsonl"
-    p = subprocess.Popen(_cmd("recover", evals, "-m", tiny_target(), "-o", out, "--ray", ray_head, "--workers", "2"),
+    p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--ray", ray_head, "--workers", "2"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     partial = tmp_path / "out.jsonl.partial"
     deadline = time.monotonic() + 180

@@ -11,18 +11,17 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
+
 from replay.llamacpp.models import tiny_target
-from replay.paths import FIXTURES
 from replay.scale.shards import SHARED_CHARS, Unit, chains, plan_units
 from replay.transcripts.readers import Record
 
@@ -31,21 +30,11 @@ N_RECORDS = 48
 
 @pytest.fixture(scope="module")
 def evals(tmp_path_factory) -> Path:
-    """Independent records: the tiny fixture's draft-simple transcript, pre- and post-sampling."""
-    one = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
-    post = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple-post.json").read_text())
-    p = tmp_path_factory.mktemp("workers") / "evals.jsonl"
-    p.write_text("".join(json.dumps(one if k % 3 else post) + "\n" for k in range(N_RECORDS)))
-    return p
-
-
-def _cmd(*args) -> list[str]:
-    return [sys.executable, "-m", "replay.cli", *map(str, args)]
+    return tiny_jsonl(tmp_path_factory.mktemp("workers") / "evals.jsonl", N_RECORDS)
 
 
 def recover(src: Path, out: Path, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run(_cmd("recover", src, "-m", tiny_target(), "-o", out, *extra),
-                          capture_output=True, text=True, timeout=600)
+    return recover_in_subprocess(src, tiny_target(), out, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +89,7 @@ def _workers_of(driver: subprocess.Popen) -> list[int]:
 @pytest.mark.parametrize("first,then", [("2", "1"), ("1", "2")])
 def test_an_interrupted_run_resumes_with_another_worker_count(evals, one_worker, tmp_path, first, then):
     out = tmp_path / "out.jsonl"
-    p = subprocess.Popen(_cmd("recover", evals, "-m", tiny_target(), "-o", out, "--workers", first),
+    p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--workers", first),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while _lines(tmp_path / "out.jsonl.partial") < 6 and p.poll() is None and time.monotonic() < deadline:
@@ -119,7 +108,7 @@ def test_an_interrupted_run_resumes_with_another_worker_count(evals, one_worker,
 
 def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(evals, one_worker, tmp_path):
     out = tmp_path / "out.jsonl"
-    p = subprocess.Popen(_cmd("recover", evals, "-m", tiny_target(), "-o", out, "--workers", "2"),
+    p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--workers", "2"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while _lines(tmp_path / "out.jsonl.partial") < 4 and p.poll() is None and time.monotonic() < deadline:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..errors import SpecReplayError
 from ..recovery.report import RecordReport
 from ..transcripts.journal import Journal
 from .shards import Unit

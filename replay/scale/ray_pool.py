@@ -14,7 +14,6 @@ under its sha256. A chosen build's own libllama (runtime/binding.py) must exist 
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import SpecReplayError, WorkerDied
+from ..llamacpp.models import sha256_file
 from .shards import Unit
 from .worker import Done, Evaluator, Job
 
@@ -35,14 +35,6 @@ def _ray():
     except ImportError:
         raise SpecReplayError("--ray needs Ray: pip install 'spec-replay[ray]'") from None
     return ray
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_cluster(address: str, timeout_s: float = 3.0) -> None:
@@ -117,7 +109,7 @@ def run_ray(job: Job, units: Sequence[Unit], workers: int, address: str,
         model = job.model
         if not ray.get(a.has.remote(job.model, size)):
             if "ref" not in shipped:
-                shipped["sha"] = _sha256(job.model)
+                shipped["sha"] = sha256_file(Path(job.model))
                 shipped["ref"] = ray.put(Path(job.model).read_bytes())
             model = ray.get(a.receive_model.remote(shipped["ref"], shipped["sha"]))
         ray.get(a.load.remote(model))

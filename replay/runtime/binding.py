@@ -200,10 +200,10 @@ def header_near(lib: Path, source: Path | None = None) -> Path | None:
     """The include/llama.h that declares `lib`: in `source` if given, else up from the library's
     directory (a checkout's build/bin, or our cache's build/bin beside src/)."""
     roots = [Path(source)] if source is not None else []
-    d = Path(lib).resolve().parent
-    for _ in range(4):
-        roots += [d, d / "src"]
-        d = d.parent
+    for d in dict.fromkeys((Path(lib).absolute().parent, Path(lib).resolve().parent)):  # as given, then its target
+        for _ in range(4):
+            roots += [d, d / "src"]
+            d = d.parent
     for r in roots:
         h = r / "include" / "llama.h"
         if h.is_file():

@@ -27,7 +27,7 @@ CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "logprobs": True, 
 def test_check_finds_placeholders_on_the_speculating_server(self_draft_server):
     r = run("check", self_draft_server.url, "--json")
     assert r.exit_code == 1, r.output
-    report = json.loads(r.output)
+    report = json.loads(r.stdout)
     assert report["contradiction"] is True
     assert report["props_speculative"] == "none" and report["slots_speculative"] == [True]
     assert report["draft_n"] > 0

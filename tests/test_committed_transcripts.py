@@ -55,7 +55,7 @@ TEXT_ONLY = ("tiny-v1-completions-stream.json", "tiny-v1-chat-stream.json", "tin
 def test_trace_reproduces_each(name):
     r = run("trace", FIXTURES / "transcripts" / name, "-m", tiny_target(), "-md", tiny_draft(), "--json")
     assert r.exit_code == 0, r.output[-2000:]
-    res = json.loads(r.output)
+    res = json.loads(r.stdout)
     assert res["reproduced"] is True and res["first_divergence"] is None
     assert res["compared"] == ("text" if name in TEXT_ONLY else "token ids")
     assert res["draft_n"] == res["server_draft_n"] > 0
@@ -119,7 +119,7 @@ def test_steps_range_limits_the_table():
 def test_trace_takes_the_flags_from_the_transcript_unless_given():
     p = FIXTURES / "transcripts" / "tiny-draft-simple.json"
     r = run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--spec-draft-n-max", "1", "--json")
-    res = json.loads(r.output)
+    res = json.loads(r.stdout)
     assert max(len(s["draft"]) for s in res["steps"]) == 1  # the flag won over the server's default of 3
     assert res["reproduced"] is False  # so this is not what the server did
 
@@ -162,7 +162,7 @@ def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_an
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
     r = run("trace", p, "-m", tiny_target(), "--json")
-    res = json.loads(r.output)
+    res = json.loads(r.stdout)
     assert r.exit_code == 1 and res["first_divergence"] is None  # sample-and-match emits the plain tokens
     assert res["draft_n"] == 0 and res["server_draft_n"] == 36
     assert any("pass its --spec-type" in n for n in res["notes"])

@@ -28,7 +28,7 @@ def _record(srv, endpoint, body, path):
 def _trace(path, model, *extra) -> dict:
     r = run("trace", path, "-m", model, "--json", *extra)
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
-    return json.loads(r.output)
+    return json.loads(r.stdout)
 
 
 def test_a_normal_step_stops_when_the_context_is_full_and_a_prompt_one_short_of_it_gets_a_token(start_server,

@@ -59,7 +59,7 @@ def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft,
             continue  # their state outlives requests: only traceable in sequence (below)
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 0, f"seed {seed}: {r.output[-2000:]}"
-        res = json.loads(r.output)
+        res = json.loads(r.stdout)
         assert res["reproduced"] is True, (seed, res["first_divergence"], res["draft_n"], res["server_draft_n"])
         assert [e["id"] for e in res["emitted"]] == t["response"]["tokens"]
         drafted += res["draft_n"]
@@ -74,7 +74,7 @@ def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft,
     args = ["trace", str(jsonl), "-m", str(model), "--json"] + (["-md", str(draft)] if draft else [])
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output[-2000:]
-    assert all(x["reproduced"] for x in json.loads(r.output)["records"])
+    assert all(x["reproduced"] for x in json.loads(r.stdout)["records"])
     if sampling == "probabilistic" or model_key == "tiny":
         assert accepted < drafted, "no rejection ever happened"
 
@@ -87,7 +87,7 @@ def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, 
     path = tmp_path / "t.json"
     path.write_text(dumps(t))
     r = CliRunner().invoke(main, ["trace", str(path), "-m", str(smollm2), "-md", str(smollm2_draft), "--json"])
-    res = json.loads(r.output)
+    res = json.loads(r.stdout)
     rej = [s for s in res["steps"] if s["rule"] == "rejection"]
     assert rej and all(len(s["draft_q"]) == len(s["draft"]) for s in rej)
     assert any(s["resampled"] is not None and s["uniforms"][-1][1] is not None for s in rej)
@@ -119,7 +119,7 @@ def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, 
     jsonl.write_text("\n".join(lines) + "\n")
     r = CliRunner().invoke(main, ["trace", str(jsonl), "-m", str(smollm2), "--json"] + (["-md", str(draft)] if draft else []))
     assert r.exit_code == 0, r.output[-2000:]
-    recs = json.loads(r.output)["records"]
+    recs = json.loads(r.stdout)["records"]
     assert len(recs) == 20 and all(x["reproduced"] for x in recs)
     assert sum(x["draft_n"] for x in recs) > 0
     assert all(s["rule"] != "rejection" for x in recs for s in x["steps"])

@@ -95,8 +95,8 @@ def libllama_option(fn: Callable) -> Callable:
 
 
 def choose_libllama(explicit: str | None, source, build: int | None, records=(), *, quiet: bool = False) -> None:
-    """Pick the libllama for this run (loaded on first use) and say which on stderr, unless `quiet`
-    (--json output carries it); warnings and hints are always said."""
+    """Pick the libllama for this run (loaded on first use) and say which on stderr, with a hint when
+    the build's own could be built; with `quiet` (--json, whose output carries it) only warnings."""
     from ..llamacpp.libllama import libllama_for
     from ..runtime.binding import loaded_path, use_libllama
     infos = [r.build_info or (r.final() or {}).get("system_fingerprint") for r in records]
@@ -110,5 +110,5 @@ def choose_libllama(explicit: str | None, source, build: int | None, records=(),
         click.echo(f"libllama: {choice.describe()}", err=True)
     if choice.warning:
         click.echo(f"warning: {choice.warning}", err=True)
-    if choice.hint:
+    if choice.hint and not quiet:
         click.echo(f"hint: {choice.hint}", err=True)

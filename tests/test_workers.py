@@ -89,8 +89,10 @@ def _workers_of(driver: subprocess.Popen) -> list[int]:
 @pytest.mark.parametrize("first,then", [("2", "1"), ("1", "2")])
 def test_an_interrupted_run_resumes_with_another_worker_count(evals, one_worker, tmp_path, first, then):
     out = tmp_path / "out.jsonl"
+    # a background job (CI's shell) inherits SIGINT ignored: give the child the default, as a terminal would
     p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--workers", first),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while _lines(tmp_path / "out.jsonl.partial") < 6 and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

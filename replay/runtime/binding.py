@@ -293,12 +293,6 @@ def _absent(name: str, lib: Path):
     return call
 
 
-def has_symbol(name: str) -> bool:
-    """The loaded libllama exports `name` (older builds lack the newest functions)."""
-    mod = load()
-    return getattr(getattr(mod, name, None), "__module__", None) != __name__
-
-
 class _Lazy(types.ModuleType):
     """`L.llama_decode(...)`: the binding, imported on first attribute use. After that the module's
     names are copied onto this object, so later lookups cost what a module attribute costs."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..recovery.report import RecordReport
 from ..transcripts.journal import Journal
 from .shards import Unit
 from .worker import Done, Evaluator, Job
@@ -56,17 +55,13 @@ def run_in_process(job: Job, units: Sequence[Unit], on_event: Callable[[str, obj
 
 
 def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address: str | None = None,
-              on_done: Callable[[Done], bool], on_start: Callable[[int], None] | None = None,
-              on_note: Callable[[str], None] | None = None) -> None:
+              on_done: Callable[[Done], bool], on_note: Callable[[str], None] | None = None) -> None:
     """Recover `units` in this process, on `workers` local processes, or on Ray (`ray_address`);
     `on_done(done)` for every finished record, in the order they finish; it returns False to stop
     the run (a record that could not be repaired). Errors: the failing record's SpecReplayError,
-    scale.local.WorkerDied."""
+    errors.WorkerDied."""
     def on_event(kind: str, what) -> None:
-        if kind == "start":
-            if on_start is not None:
-                on_start(what)
-        elif kind == "done" and on_done(what) is False:
+        if kind == "done" and on_done(what) is False:
             raise Stop()
         elif kind == "note" and on_note is not None:
             on_note(what)
@@ -82,9 +77,3 @@ def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address:
             run_in_process(job, units, on_event)
     except Stop:
         return
-
-
-def reports_in_order(done: Sequence[Done]) -> list[RecordReport]:
-    return [d.report for d in sorted(done, key=lambda d: d.index)]
-
-

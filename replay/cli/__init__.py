@@ -42,8 +42,8 @@ def _version_text() -> str:
     lines = [f"spec-replay {__version__}"]
     try:
         import llama_cpp
-        lines.append(f"in-process libllama: llama-cpp-python {llama_cpp.__version__} "
-                     "(vendored llama.cpp 0c1e570, CPU)")
+        lines.append(f"in-process libllama: llama-cpp-python {llama_cpp.__version__}'s (vendored llama.cpp 0c1e570, "
+                     "CPU), or a transcript's build's own once built and callable (see --libllama)")
     except ImportError as e:  # pragma: no cover - a broken install still prints a version
         lines.append(f"in-process libllama: unavailable ({e})")
     from ..llamacpp.build import BuildSpec, find_built

@@ -148,3 +148,20 @@ def compile_cpp(tmp_path_factory):
         subprocess.run([gxx, "-O1", "-o", str(d / name), str(d / f"{name}.cpp")], check=True)
         return d / name
     return compile_
+
+
+@pytest.fixture(scope="module")
+def tiny_evals(request, tmp_path_factory) -> Path:
+    """A JSONL of the module's N_RECORDS independent tiny-fixture records (test_workers, test_ray)."""
+    from cli_helpers import tiny_jsonl
+    return tiny_jsonl(tmp_path_factory.mktemp("evals") / "evals.jsonl", request.module.N_RECORDS)
+
+
+@pytest.fixture(scope="module")
+def tiny_evals_one_worker(tiny_evals, tmp_path_factory) -> bytes:
+    """`tiny_evals` recovered by one process: the bytes every sharded run must write."""
+    from cli_helpers import recover_in_subprocess
+    out = tmp_path_factory.mktemp("one") / "out.jsonl"
+    r = recover_in_subprocess(tiny_evals, models.tiny_target(), out)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
+from cli_helpers import cli_command, recover_in_subprocess
 
 from replay.llamacpp.models import tiny_target
 
@@ -51,27 +51,14 @@ def ray_head():
         subprocess.run([_ray_cli(), "stop", "--force"], capture_output=True, env=env, timeout=180)
 
 
-@pytest.fixture(scope="module")
-def evals(tmp_path_factory) -> Path:
-    return tiny_jsonl(tmp_path_factory.mktemp("ray") / "evals.jsonl", N_RECORDS)
-
-
 def recover(src: Path, out: Path, *extra) -> subprocess.CompletedProcess:
     return recover_in_subprocess(src, tiny_target(), out, *extra)
 
 
-@pytest.fixture(scope="module")
-def one_worker(evals, tmp_path_factory) -> bytes:
-    out = tmp_path_factory.mktemp("one") / "out.jsonl"
-    r = recover(evals, out)
+def test_ray_actors_write_the_bytes_of_one_local_worker(ray_head, tiny_evals, tiny_evals_one_worker, tmp_path):
+    r = recover(tiny_evals, tmp_path / "out.jsonl", "--ray", ray_head, "--workers", "2")
     assert r.returncode == 0, r.stderr
-    return out.read_bytes()
-
-
-def test_ray_actors_write_the_bytes_of_one_local_worker(ray_head, evals, one_worker, tmp_path):
-    r = recover(evals, tmp_path / "out.jsonl", "--ray", ray_head, "--workers", "2")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "out.jsonl").read_bytes() == one_worker
+    assert (tmp_path / "out.jsonl").read_bytes() == tiny_evals_one_worker
     assert not list(tmp_path.glob("out.jsonl.partial*"))
 
 
@@ -88,9 +75,9 @@ def _actors() -> list[int]:
     return pids
 
 
-def test_a_killed_actor_is_replaced_and_its_unit_retried(ray_head, evals, one_worker, tmp_path):
+def test_a_killed_actor_is_replaced_and_its_unit_retried(ray_head, tiny_evals, tiny_evals_one_worker, tmp_path):
     out = tmp_path / "out.jsonl"
-    p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--ray", ray_head, "--workers", "2"),
+    p = subprocess.Popen(cli_command("recover", tiny_evals, "-m", tiny_target(), "-o", out, "--ray", ray_head, "--workers", "2"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     partial = tmp_path / "out.jsonl.partial"
     deadline = time.monotonic() + 180
@@ -103,12 +90,12 @@ def test_a_killed_actor_is_replaced_and_its_unit_retried(ray_head, evals, one_wo
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
     assert "a Ray actor died while recovering" in err and "retried on a new actor" in err
-    assert out.read_bytes() == one_worker
+    assert out.read_bytes() == tiny_evals_one_worker
 
 
-def test_a_cluster_that_does_not_answer_is_one_line_and_leaves_nothing(evals, tmp_path):
+def test_a_cluster_that_does_not_answer_is_one_line_and_leaves_nothing(tiny_evals, tmp_path):
     port = _free_port()  # nothing listens there
-    r = recover(evals, tmp_path / "out.jsonl", "--ray", f"127.0.0.1:{port}", "--workers", "2")
+    r = recover(tiny_evals, tmp_path / "out.jsonl", "--ray", f"127.0.0.1:{port}", "--workers", "2")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     errors = [x for x in r.stderr.splitlines() if x.startswith("Error:")]
     assert len(errors) == 1 and errors[0].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")

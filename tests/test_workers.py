@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
+from cli_helpers import cli_command, recover_in_subprocess
 
 from replay.llamacpp.models import tiny_target
 from replay.scale.shards import SHARED_CHARS, Unit, chains, plan_units
@@ -28,35 +28,22 @@ from replay.transcripts.readers import Record
 N_RECORDS = 48
 
 
-@pytest.fixture(scope="module")
-def evals(tmp_path_factory) -> Path:
-    return tiny_jsonl(tmp_path_factory.mktemp("workers") / "evals.jsonl", N_RECORDS)
-
-
 def recover(src: Path, out: Path, *extra) -> subprocess.CompletedProcess:
     return recover_in_subprocess(src, tiny_target(), out, *extra)
 
 
-@pytest.fixture(scope="module")
-def one_worker(evals, tmp_path_factory) -> bytes:
-    out = tmp_path_factory.mktemp("one") / "out.jsonl"
-    r = recover(evals, out)
+def test_two_workers_write_the_bytes_of_one(tiny_evals, tiny_evals_one_worker, tmp_path):
+    r = recover(tiny_evals, tmp_path / "out.jsonl", "--workers", "2")
     assert r.returncode == 0, r.stderr
-    return out.read_bytes()
-
-
-def test_two_workers_write_the_bytes_of_one(evals, one_worker, tmp_path):
-    r = recover(evals, tmp_path / "out.jsonl", "--workers", "2")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "out.jsonl").read_bytes() == one_worker
+    assert (tmp_path / "out.jsonl").read_bytes() == tiny_evals_one_worker
     assert f"recovered in {N_RECORDS} record(s)" in r.stderr
     assert not list(tmp_path.glob("out.jsonl.partial*"))
 
 
-def test_values_do_not_depend_on_the_thread_count(evals, tmp_path):
+def test_values_do_not_depend_on_the_thread_count(tiny_evals, tmp_path):
     outs = []
     for t in ("1", "2"):
-        r = recover(evals, tmp_path / f"t{t}.jsonl", "-t", t, "--workers", "2")
+        r = recover(tiny_evals, tmp_path / f"t{t}.jsonl", "-t", t, "--workers", "2")
         assert r.returncode == 0, r.stderr
         outs.append((tmp_path / f"t{t}.jsonl").read_bytes())
     assert outs[0] == outs[1]
@@ -87,10 +74,10 @@ def _workers_of(driver: subprocess.Popen) -> list[int]:
 
 
 @pytest.mark.parametrize("first,then", [("2", "1"), ("1", "2")])
-def test_an_interrupted_run_resumes_with_another_worker_count(evals, one_worker, tmp_path, first, then):
+def test_an_interrupted_run_resumes_with_another_worker_count(tiny_evals, tiny_evals_one_worker, tmp_path, first, then):
     out = tmp_path / "out.jsonl"
     # a background job (CI's shell) inherits SIGINT ignored: give the child the default, as a terminal would
-    p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--workers", first),
+    p = subprocess.Popen(cli_command("recover", tiny_evals, "-m", tiny_target(), "-o", out, "--workers", first),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
@@ -102,15 +89,15 @@ def test_an_interrupted_run_resumes_with_another_worker_count(evals, one_worker,
     assert b"Traceback" not in p.stderr.read()
     time.sleep(0.5)
     assert not _workers_of(p)  # none left computing for nobody
-    r = recover(evals, out, "--resume", "--workers", then)
+    r = recover(tiny_evals, out, "--resume", "--workers", then)
     assert r.returncode == 0, r.stderr
-    assert out.read_bytes() == one_worker
+    assert out.read_bytes() == tiny_evals_one_worker
     assert "finished earlier" in r.stderr
 
 
-def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(evals, one_worker, tmp_path):
+def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(tiny_evals, tiny_evals_one_worker, tmp_path):
     out = tmp_path / "out.jsonl"
-    p = subprocess.Popen(cli_command("recover", evals, "-m", tiny_target(), "-o", out, "--workers", "2"),
+    p = subprocess.Popen(cli_command("recover", tiny_evals, "-m", tiny_target(), "-o", out, "--workers", "2"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while _lines(tmp_path / "out.jsonl.partial") < 4 and p.poll() is None and time.monotonic() < deadline:
@@ -122,11 +109,11 @@ def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(evals, 
     assert p.returncode == 1
     errors = [x for x in err.splitlines() if x.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
-    assert "died (signal 9) while recovering" in errors[0] and f"{evals}, record " in errors[0]
+    assert "died (signal 9) while recovering" in errors[0] and f"{tiny_evals}, record " in errors[0]
     assert not out.exists() and _lines(tmp_path / "out.jsonl.partial") >= 4
-    r = recover(evals, out, "--resume", "--workers", "2")
+    r = recover(tiny_evals, out, "--resume", "--workers", "2")
     assert r.returncode == 0, r.stderr
-    assert out.read_bytes() == one_worker
+    assert out.read_bytes() == tiny_evals_one_worker
 
 
 # --- which records travel together (pure) -----------------------------------------------------------

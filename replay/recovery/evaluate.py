@@ -90,6 +90,9 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
          rebuild: bool = False) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
     """Yield (index, token id, plan item, logits that scored it) for every generated token.
 
+    The logits are a view of libllama's buffer, valid until the generator is resumed: read them
+    before asking for the next token (truths does), copy them to keep them.
+
     Known ids are decoded `chunk` at a time; a Gap is resolved one token at a
     time, each step taking, among the tokens whose bytes continue the gap, the
     one the target ranks highest (pieces with the same bytes are told apart by
@@ -118,7 +121,7 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
     for start in range(keep, n_prompt, ctx.n_batch):
         part = list(prompt[start:start + ctx.n_batch])
         ctx.decode(part, start, [False] * (len(part) - 1) + [start + len(part) == n_prompt])
-    pending = ctx.logits(-1)  # scores generated token 0
+    pending = ctx.logits_view(-1)  # scores generated token 0 (views: each is read before the next decode)
     pos = n_prompt
     index = 0
     chunk = max(1, min(chunk, ctx.n_batch))
@@ -144,7 +147,7 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
                 _check_room(ctx, pos + 1)
                 ctx.decode([tok], pos, [True])
                 pos += 1
-                pending = ctx.logits(0)
+                pending = ctx.logits_view(0)
             continue
         item = items[i]
         if isinstance(item, Gap):
@@ -176,10 +179,10 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
             _check_room(ctx, pos + len(need))
             ctx.decode(need, pos, [True] * len(need))
             for j in range(1, len(need)):
-                yield index, run[k + j].id, run[k + j], ctx.logits(j - 1)
+                yield index, run[k + j].id, run[k + j], ctx.logits_view(j - 1)
                 index += 1
             pos += len(need)
-            pending = ctx.logits(len(need) - 1)
+            pending = ctx.logits_view(len(need) - 1)
             k += len(need)
             if not last_needed:
                 yield index, run[k].id, run[k], pending

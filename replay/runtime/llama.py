@@ -270,6 +270,7 @@ class Context(_Owner):
         self.n_vocab = model.n_vocab
         self.kv_tokens: list[int] = []  # the token in each KV position 0..len-1 (sequence 0)
         self._batch = Batch(n_batch)
+        self._row_type = ctypes.c_float * self.n_vocab
         model._contexts.append(self)
 
     @property
@@ -310,6 +311,14 @@ class Context(_Owner):
         if not ptr:
             raise RuntimeError(f"no logits for batch row {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def logits_view(self, i: int) -> np.ndarray:
+        """Row `i` of the last batch's logits without a copy: valid only until the next decode (the
+        per-token path of recover reads each row once, before decoding on)."""
+        ptr = L.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch row {i}")
+        return np.frombuffer(self._row_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
 
     def logits_ptr(self, i: int):
         """The raw float* of row `i` (valid until the next decode)."""

@@ -29,11 +29,15 @@ from .options import choose_libllama, given_flags, libllama_option, server_flags
 @click.option("--steps", "steps_range", help="only show steps a:b")
 @click.option("--json", "as_json", is_flag=True, help="the full trace as JSON")
 @click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="trace a JSONL's records on N processes, each loading the models once (-t per worker "
+                   "defaults to the cores shared out); records that share the server's state across "
+                   "requests (n-gram tables, a slot's draft sampler) stay together, in order")
 @libllama_option
 @server_flags("speculative", "context", "sampling")
 @handle_errors
 def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, verbose, libllama,
-          **flags) -> None:
+          workers, **flags) -> None:
     """Replay llama-server's speculative loop step by step and check it against a transcript.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
@@ -52,6 +56,7 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     from ..runtime.gguf import check_gguf
     from ..runtime.llama import Model, set_verbose
     from ..trace.run import Drafts, trace_prompt, trace_record
+    from ..trace.state import ServerState
     from ..transcripts.files import read_request
     from ..transcripts.readers import read_file
     from .progress import progress_bar
@@ -65,14 +70,17 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     target = Model(model)
     drafts = Drafts()
     results: list[tuple[Record | None, TraceResult]] = []
-    if transcript:
-        server_state: dict = {}  # records of one JSONL are requests to one server, in order
+    if workers > 1 and len(records) < 2:
+        click.echo("note: one record: --workers does not apply", err=True)
+    if transcript and workers > 1 and len(records) > 1:
+        results = _trace_on_workers(transcript, records, request_file, target, model, flags, build, source, workers)
+    elif transcript:
+        state = ServerState(flags.get("n_parallel"))  # records of one JSONL are requests to one server, in order
         with progress_bar(len(records), "tracing records") as advance:
             for rec in records:
                 res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
-                                   server_state=server_state,
-                                   drafts=drafts)
-                results.append((rec, res))
+                                   server_state=state.slot(rec), drafts=drafts)
+                results.append((rec, res.lighten()))
                 advance(len(results))
     else:
         results.append((None, trace_prompt(target, prompt, flags=flags, build=build, source=source and Path(source),
@@ -93,6 +101,36 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
             show(res, piece, steps_range)
     if any(r.reproduced is False for _, r in results):
         raise SystemExit(1)
+
+
+def _trace_on_workers(transcript: str, records: list[Record], request_file: str | None, target, model: str,
+                      flags: dict, build: int | None, source: str | None,
+                      workers: int) -> list[tuple[Record, TraceResult]]:
+    """trace over `workers` processes (scale/local.py), records that share server state kept together
+    in order (trace/state.py); the results in file order, the same as one process's."""
+    from ..runtime.binding import loaded_path
+    from ..scale.local import run_local
+    from ..scale.worker import Job, TraceOptions, default_threads
+    from ..trace.state import trace_units
+    from ..transcripts.files import read_request
+    from ..transcripts.readers import read_source
+    from .progress import progress_bar
+    units = trace_units(records, flags, target.meta)
+    if len(units) < workers:
+        click.echo(f"note: {len(records)} records form {len(units)} unit(s) of work (records that share the "
+                   "server's state across requests stay together): fewer than --workers", err=True)
+    job = Job(read_source(Path(transcript)), str(transcript), read_request(request_file) if request_file else None,
+              str(Path(model).resolve()), flags, threads=flags.get("threads") or default_threads(workers),
+              libllama=None if loaded_path() is None else str(loaded_path()),
+              trace=TraceOptions(build, str(Path(source).resolve()) if source else None))
+    got: dict[int, TraceResult] = {}
+    with progress_bar(len(records), "tracing records") as advance:
+        def on_event(kind: str, what) -> None:
+            if kind == "done":
+                got[what.index] = what.result
+                advance(len(got))
+        run_local(job, units, workers, on_event)
+    return [(rec, got[k]) for k, rec in enumerate(records)]
 
 
 def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None) -> None:

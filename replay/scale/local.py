@@ -52,7 +52,7 @@ def _main(wid: int, job: Job, tasks, results, parent: int) -> None:  # pragma: n
                     current = what
                 results.put((kind, wid, what))
 
-            ev.recoverer.forget()
+            ev.forget()
             ev.run(unit, emit)
         ev.close()
         results.put(("exit", wid, None))
@@ -115,7 +115,7 @@ def run_local(job: Job, units: Sequence[Unit], workers: int, on_event: Callable[
                     if wid not in exited:
                         code = p.exitcode
                         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                        raise WorkerDied(f"worker {wid} died ({how}) while recovering "
+                        raise WorkerDied(f"worker {wid} died ({how}) while {job.verb} "
                                          f"{record_name(job, current[wid])}")
     finally:
         for p in procs:

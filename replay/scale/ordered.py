@@ -48,7 +48,7 @@ def run_in_process(job: Job, units: Sequence[Unit], on_event: Callable[[str, obj
     ev = Evaluator(job)
     try:
         for unit in sorted(units, key=lambda u: u.records[0]):
-            ev.recoverer.forget()
+            ev.forget()
             ev.run(unit, on_event)
     finally:
         ev.close()

@@ -77,7 +77,7 @@ class RayEvaluator:
         return os.getpid()
 
     def forget(self) -> None:
-        self.ev.recoverer.forget()
+        self.ev.forget()
 
     def recover(self, index: int, write: bool) -> Done | None:
         out: list[Done] = []

@@ -1,21 +1,32 @@
-"""One evaluator: the target model loaded once, records recovered by their position in the file.
+"""One evaluator: the target model loaded once, records recovered (or traced) by their position in
+the file.
 
 The same object serves a local worker process (local.py) and a Ray actor (ray_pool.py). It parses the
 transcript text itself (what travels is the text, once, not Python objects), chooses the driver's
 libllama before loading anything, and recovers each unit's records in order in one context, so that
-a record served from the server's cache follows the record that filled it (shards.py).
+a record served from the server's cache follows the record that filled it (shards.py). For
+`trace --workers` (Job.trace set) it traces them instead, each unit from an empty server slot
+(trace/state.py says which records share one).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..recovery.recover import Recoverer, RecoverOptions
 from ..recovery.repair import jsonl_line
 from ..recovery.report import RecordReport
 from .shards import Unit
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """trace's loop choice (`--build`, `--source`): a Job with these traces instead of recovering."""
+
+    build: int | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,11 @@ class Job:
     options: RecoverOptions = field(default_factory=RecoverOptions)
     threads: int | None = None  # -t per evaluator (values do not depend on it)
     libllama: str | None = None  # the driver's libllama file (None: the binding's own)
+    trace: TraceOptions | None = None  # trace the records instead of recovering them
+
+    @property
+    def verb(self) -> str:
+        return "recovering" if self.trace is None else "tracing"
 
 
 @dataclass(frozen=True)
@@ -42,20 +58,45 @@ class Done:
     report: RecordReport
 
 
+@dataclass(frozen=True)
+class Traced:
+    """One traced record: its 0-based position and its TraceResult (lightened: trace/run.py)."""
+
+    index: int
+    result: Any
+
+
 class Evaluator:
     def __init__(self, job: Job):
         from ..runtime.binding import LibChoice, use_libllama
         from ..transcripts.readers import read_text
         use_libllama(LibChoice(None if job.libllama is None else Path(job.libllama), "the driver's choice"))
+        self.job = job
         self.records = read_text(job.text, job.source, job.request)
         flags = dict(job.flags)
         if job.threads:
             flags["threads"] = job.threads
-        self.recoverer = Recoverer(job.model, flags, job.options)
+        self.flags = flags
+        self.recoverer: Recoverer | None = None
+        self.tracer = None
+        if job.trace is None:
+            self.recoverer = Recoverer(job.model, flags, job.options)
+        else:
+            from ..runtime.llama import Model
+            from ..trace.run import Drafts
+            self.tracer = (Model(job.model), Drafts())
+
+    def forget(self) -> None:
+        """Start the next unit from nothing: no KV kept (recover), an empty server slot (trace)."""
+        if self.recoverer is not None:
+            self.recoverer.forget()
 
     def run(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
-        """Recover `unit`'s records in order: emit("start", index) before each, emit("done", Done)
-        after each one not already finished."""
+        """Recover (trace) `unit`'s records in order: emit("start", index) before each, emit("done",
+        Done | Traced) after each one not already finished."""
+        if self.tracer is not None:
+            self._trace(unit, emit)
+            return
         for k in unit.records:
             emit("start", k)
             got = self.recoverer.recover(self.records[k])
@@ -63,8 +104,24 @@ class Evaluator:
                 line = jsonl_line(got.container) if got.container is not None else None
                 emit("done", Done(k, line, got.report))
 
+    def _trace(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
+        from ..trace.run import trace_record
+        from ..trace.state import ServerState
+        target, drafts = self.tracer
+        opts = self.job.trace
+        state = ServerState(self.flags.get("n_parallel"))  # a unit shares nothing with any other
+        for k in unit.records:
+            emit("start", k)
+            rec = self.records[k]
+            res = trace_record(rec, target, flags=self.flags, build=opts.build,
+                               source=opts.source and Path(opts.source), server_state=state.slot(rec), drafts=drafts)
+            emit("done", Traced(k, res.lighten()))
+
     def close(self) -> None:
-        self.recoverer.close()
+        if self.recoverer is not None:
+            self.recoverer.close()
+        if self.tracer is not None:
+            self.tracer[0].close()
 
 
 def default_threads(workers: int) -> int:

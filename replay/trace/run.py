@@ -64,6 +64,13 @@ class TraceResult:
             self.server_draft_n is None or (self.server_draft_n, self.server_draft_n_accepted) ==
             (self.draft_n, self.draft_n_accepted))
 
+    def lighten(self) -> "TraceResult":
+        """Drop what only explaining a divergence needs (each emitted token's candidate arrays and
+        largest logits: ~0.6 MB a token), once `explanation` is made; returns self."""
+        for e in self.emitted:
+            e.cands, e.best_logits = None, {}
+        return self
+
     def to_json(self, piece: Callable[[int], str]) -> dict:
         def top(pairs, post):
             return [{"id": i, "piece": piece(i), "logprob": (math.log(v) if post and v > 0 else v)} for i, v in pairs]

@@ -67,6 +67,15 @@ class Record:
             return 4 if n < 1 else n
         return None
 
+    def slot_id(self, n_parallel: int | None = None) -> int | None:
+        """The server slot that served the request: the response's id_slot (native endpoints), 0 on a
+        one-slot server, else None (unknown)."""
+        for obj in [self.response] + self.chunks()[::-1]:
+            sid = (obj or {}).get("id_slot")
+            if isinstance(sid, int) and not isinstance(sid, bool) and sid >= 0:
+                return sid
+        return 0 if self.slots(n_parallel) == 1 else None
+
     def final(self) -> dict | None:
         """The object carrying usage/timings."""
         if not self.stream:

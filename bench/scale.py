@@ -2,7 +2,8 @@
 
 * one JSONL of N_RECORDS independent records (a speculating server's responses, SmolLM2), recovered
   by `spec-replay recover` with 1 worker x 1 thread, 1 worker x 2 threads, 2 workers x 1 thread, and
-  2 Ray actors x 1 thread on a local 2-CPU head; every output is checked byte-identical;
+  2 Ray actors x 1 thread on a local 2-CPU head; every output is checked byte-identical; a quarter
+  of it traced with 1 and 2 workers (the same JSON);
 * the patched llama-server (spec-replay patch) against the unpatched one, both speculating, with
   n_probs 0 and 5: generated tokens per second of the same requests, measured alternately.
 """
@@ -26,6 +27,7 @@ from replay.transcripts.format import dumps
 
 N_RECORDS = 64
 N_PREDICT = 32
+N_TRACED = 16
 SERVER_REPS = 3
 
 
@@ -36,6 +38,15 @@ def _recover(src: Path, model: Path, out: Path, *extra: str) -> float:
     if p.returncode != 0:
         raise SystemExit(f"recover {' '.join(extra)} failed: {p.stderr[-2000:]}")
     return time.perf_counter() - t
+
+
+def _trace(src: Path, model: Path, *extra: str) -> tuple[float, str]:
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "replay.cli", "trace", str(src), "-m", str(model), "--json", *extra],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"trace {' '.join(extra)} failed: {p.stderr[-2000:]}")
+    return time.perf_counter() - t, p.stdout
 
 
 def _ray_head() -> tuple[str, str]:
@@ -71,6 +82,11 @@ def workers_rows(spec: LlamaServer, spec_info: dict, smol: Path, tmp: Path) -> l
         subprocess.run([ray, "stop", "--force"], capture_output=True)
     assert len(set(outs.values())) == 1, "the outputs differ between worker counts"
     n = N_RECORDS * N_PREDICT
+    few = tmp / "trace.jsonl"  # trace replays drafting too: a quarter of the file keeps the bench short
+    few.write_text("\n".join(lines[:N_TRACED]) + "\n")
+    t["trace1"], trace1 = _trace(few, smol, "-t", "1")
+    t["trace2"], trace2 = _trace(few, smol, "--workers", "2", "-t", "1")
+    assert trace1 == trace2, "trace --workers 2 printed something else than one worker"
 
     def fig(a: str, b: str) -> str:
         return f"{t[a]:.1f} s vs {t[b]:.1f} s ({n / t[a]:.0f} vs {n / t[b]:.0f} tok/s)"
@@ -82,6 +98,8 @@ def workers_rows(spec: LlamaServer, spec_info: dict, smol: Path, tmp: Path) -> l
         ["  Ray, 2 actors x 1 thread / --workers 2 x 1 thread (time)", f"{t['ray'] / t['2x1']:.2f}x",
          fig("ray", "2x1") + "; Ray start-up included, head started before", "<= 1.3x"],
         ["  outputs of all four", "identical", f"{len(outs['1x1'])} bytes each", "identical"],
+        [f"trace {N_TRACED} of those records: 2 workers x 1 thread / 1 worker x 1 thread (speed-up)",
+         f"{t['trace1'] / t['trace2']:.2f}x", f"{t['trace2']:.1f} s vs {t['trace1']:.1f} s; the same JSON", "> 1x"],
     ]
 
 

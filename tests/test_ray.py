@@ -2,6 +2,7 @@
 
 * the output and journal are written by the driver, the same bytes as one local worker's;
 * an actor killed mid-run is replaced and its unit retried: the run completes, same bytes;
+* an actor on a node without the model file at its path gets it through Ray's object store;
 * a cluster that does not answer is one line, and leaves no files behind.
 """
 from __future__ import annotations
@@ -90,6 +91,31 @@ def test_a_killed_actor_is_replaced_and_its_unit_retried(ray_head, tiny_evals, t
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
     assert "a Ray actor died while recovering" in err and "retried on a new actor" in err
+    assert out.read_bytes() == tiny_evals_one_worker
+
+
+def test_a_node_without_the_model_file_gets_it_through_the_object_store(ray_head, tiny_evals, tiny_evals_one_worker,
+                                                                        tmp_path):
+    """The driver runs in a mount namespace of its own, with the model on a tmpfs only it sees: the
+    actors (started by the raylet, outside it) lack the file at that path, as another node would."""
+    import hashlib
+    import shutil
+    import tempfile
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to give the driver a file the actors cannot see")
+    model = tiny_target()
+    shipped = Path(tempfile.gettempdir()) / "spec-replay-models" / f"{hashlib.sha256(model.read_bytes()).hexdigest()}.gguf"
+    shipped.unlink(missing_ok=True)
+    mnt, out = tmp_path / "private", tmp_path / "out.jsonl"
+    mnt.mkdir()
+    recover_cmd = " ".join(map(str, cli_command("recover", tiny_evals, "-m", mnt / "target.gguf", "-o", out,
+                                                "--ray", ray_head, "--workers", "2")))
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        f"mount -t tmpfs none {mnt} && cp {model} {mnt}/target.gguf && exec {recover_cmd}"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert not list(mnt.iterdir()), "the tmpfs leaked out of the driver's namespace: the test proves nothing"
+    assert shipped.read_bytes() == model.read_bytes()  # what the actors loaded, kept under its sha256
     assert out.read_bytes() == tiny_evals_one_worker
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import cli_command, recover_in_subprocess
+from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
 
 from replay.llamacpp.models import tiny_target
 from replay.scale.shards import SHARED_CHARS, Unit, chains, plan_units
@@ -73,11 +73,21 @@ def _workers_of(driver: subprocess.Popen) -> list[int]:
             and "resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")]
 
 
+@pytest.fixture(scope="module")
+def long_evals(tiny_evals_one_worker, tmp_path_factory) -> tuple[Path, bytes]:
+    """20 times the 48 records, and the bytes one worker writes for them (record k is record k mod 48:
+    the same pattern), so that a run stopped after a few records still has work whatever the
+    machine's speed (the 48 tiny records alone take about a second on 2 workers)."""
+    src = tiny_jsonl(tmp_path_factory.mktemp("long") / "long.jsonl", 20 * N_RECORDS)
+    return src, b"".join(tiny_evals_one_worker.splitlines(keepends=True) * 20)
+
+
 @pytest.mark.parametrize("first,then", [("2", "1"), ("1", "2")])
-def test_an_interrupted_run_resumes_with_another_worker_count(tiny_evals, tiny_evals_one_worker, tmp_path, first, then):
+def test_an_interrupted_run_resumes_with_another_worker_count(long_evals, tmp_path, first, then):
+    src, want = long_evals
     out = tmp_path / "out.jsonl"
     # a background job (CI's shell) inherits SIGINT ignored: give the child the default, as a terminal would
-    p = subprocess.Popen(cli_command("recover", tiny_evals, "-m", tiny_target(), "-o", out, "--workers", first),
+    p = subprocess.Popen(cli_command("recover", src, "-m", tiny_target(), "-o", out, "--workers", first),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
@@ -89,15 +99,16 @@ def test_an_interrupted_run_resumes_with_another_worker_count(tiny_evals, tiny_e
     assert b"Traceback" not in p.stderr.read()
     time.sleep(0.5)
     assert not _workers_of(p)  # none left computing for nobody
-    r = recover(tiny_evals, out, "--resume", "--workers", then)
+    r = recover(src, out, "--resume", "--workers", then)
     assert r.returncode == 0, r.stderr
-    assert out.read_bytes() == tiny_evals_one_worker
+    assert out.read_bytes() == want
     assert "finished earlier" in r.stderr
 
 
-def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(tiny_evals, tiny_evals_one_worker, tmp_path):
+def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(long_evals, tmp_path):
+    src, want = long_evals
     out = tmp_path / "out.jsonl"
-    p = subprocess.Popen(cli_command("recover", tiny_evals, "-m", tiny_target(), "-o", out, "--workers", "2"),
+    p = subprocess.Popen(cli_command("recover", src, "-m", tiny_target(), "-o", out, "--workers", "2"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while _lines(tmp_path / "out.jsonl.partial") < 4 and p.poll() is None and time.monotonic() < deadline:
@@ -106,14 +117,14 @@ def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(tiny_ev
     assert len(workers) == 2, workers
     os.kill(workers[0], signal.SIGKILL)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 1
+    assert p.returncode == 1, err
     errors = [x for x in err.splitlines() if x.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
-    assert "died (signal 9) while recovering" in errors[0] and f"{tiny_evals}, record " in errors[0]
+    assert "died (signal 9) while recovering" in errors[0] and f"{src}, record " in errors[0]
     assert not out.exists() and _lines(tmp_path / "out.jsonl.partial") >= 4
-    r = recover(tiny_evals, out, "--resume", "--workers", "2")
+    r = recover(src, out, "--resume", "--workers", "2")
     assert r.returncode == 0, r.stderr
-    assert out.read_bytes() == tiny_evals_one_worker
+    assert out.read_bytes() == want
 
 
 # --- which records travel together (pure) -----------------------------------------------------------

@@ -123,3 +123,7 @@ def run_local(job: Job, units: Sequence[Unit], workers: int, on_event: Callable[
                 p.terminate()
         for p in procs:
             p.join(timeout=10)
+        # units nobody will take are still buffered for the tasks pipe (more than it holds on a big
+        # file): without this the driver's exit would wait for them forever after an error or ^C
+        tasks.cancel_join_thread()
+        results.cancel_join_thread()

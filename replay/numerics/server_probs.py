@@ -149,15 +149,6 @@ def partial_sort(v: np.ndarray, n_top: int) -> tuple[list[int], np.ndarray]:
     return ids, tail
 
 
-def partial_sort_values(v: np.ndarray, n_top: int) -> np.ndarray:
-    """The values of `v` in the order std::partial_sort(begin, begin + n_top, end, greater) leaves them."""
-    n_top = min(n_top, len(v))
-    if n_top <= 0:
-        return v
-    ids, tail = partial_sort(v, n_top)
-    return np.concatenate([v[ids], tail])
-
-
 # Once the running float32 sum holds expf(0) = 1 (the maximum comes first after partial_sort), a
 # term below half an ulp of 1 (2^-24) cannot change it under round-to-nearest; expf(d) < 2^-24 for
 # every d <= -16.7 (expf(-17) = 4.1e-8), so terms with a logit below max - 17 are skipped without

@@ -78,13 +78,13 @@ class Evaluator:
             flags["threads"] = job.threads
         self.flags = flags
         self.recoverer: Recoverer | None = None
-        self.tracer = None
+        self.target = self.drafts = None  # trace's target and draft models
         if job.trace is None:
             self.recoverer = Recoverer(job.model, flags, job.options)
         else:
             from ..runtime.llama import Model
             from ..trace.run import Drafts
-            self.tracer = (Model(job.model), Drafts())
+            self.target, self.drafts = Model(job.model), Drafts()
 
     def forget(self) -> None:
         """Start the next unit from nothing: no KV kept (recover), an empty server slot (trace)."""
@@ -94,7 +94,7 @@ class Evaluator:
     def run(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
         """Recover (trace) `unit`'s records in order: emit("start", index) before each, emit("done",
         Done | Traced) after each one not already finished."""
-        if self.tracer is not None:
+        if self.target is not None:
             self._trace(unit, emit)
             return
         for k in unit.records:
@@ -107,21 +107,21 @@ class Evaluator:
     def _trace(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
         from ..trace.run import trace_record
         from ..trace.state import ServerState
-        target, drafts = self.tracer
         opts = self.job.trace
         state = ServerState(self.flags.get("n_parallel"))  # a unit shares nothing with any other
         for k in unit.records:
             emit("start", k)
             rec = self.records[k]
-            res = trace_record(rec, target, flags=self.flags, build=opts.build,
-                               source=opts.source and Path(opts.source), server_state=state.slot(rec), drafts=drafts)
+            res = trace_record(rec, self.target, flags=self.flags, build=opts.build,
+                               source=opts.source and Path(opts.source), server_state=state.slot(rec),
+                               drafts=self.drafts)
             emit("done", Traced(k, res.lighten()))
 
     def close(self) -> None:
         if self.recoverer is not None:
             self.recoverer.close()
-        if self.tracer is not None:
-            self.tracer[0].close()
+        if self.target is not None:
+            self.target.close()
 
 
 def default_threads(workers: int) -> int:

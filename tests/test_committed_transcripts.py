@@ -3,7 +3,8 @@ tiny fixtures by fixtures/record_transcripts.py): every endpoint, stream and not
 post-sampling. No server, build or download is needed here.
 
 * recover repairs each to exactly the bytes of its `repaired/` twin (the output of the code before
-  the architecture pass: behaviour is kept byte for byte), and never touches the input;
+  the architecture pass: behaviour is kept byte for byte), but for the last bits of values the CPU
+  kernels of another machine class compute (cli_helpers.same_repair), and never touches the input;
 * trace reproduces each token for token, with the server's draft totals;
 * the errors a user can meet on them are one line (another model, a diverging transcript).
 
@@ -15,7 +16,7 @@ import hashlib
 import json
 
 import pytest
-from cli_helpers import clean_exit, one_error, run
+from cli_helpers import clean_exit, one_error, run, same_repair
 
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
@@ -38,7 +39,7 @@ def test_recover_repairs_each_to_its_committed_twin(tmp_path, name):
     out = tmp_path / name
     r = run("recover", src, "-m", tiny_target(), "-o", out, "--report", tmp_path / "report.json")
     assert r.exit_code == 0, r.output
-    assert out.read_bytes() == (FIXTURES / "transcripts" / "repaired" / name).read_bytes()
+    assert same_repair(out.read_text(), (FIXTURES / "transcripts" / "repaired" / name).read_text()) is None
     assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
     report = json.loads((tmp_path / "report.json").read_text())["records"][0]
     assert report["tokens"][0]["status"] == "ok"  # sampled outside the loop: real, and it agrees
@@ -83,7 +84,7 @@ def test_the_python_api_returns_what_the_command_writes():
     src = FIXTURES / "transcripts" / "tiny-draft-simple.json"
     res = replay.recover(src, model=tiny_target())
     assert res.ok and res.failure() is None
-    assert res.repaired == (FIXTURES / "transcripts" / "repaired" / "tiny-draft-simple.json").read_text()
+    assert same_repair(res.repaired, (FIXTURES / "transcripts" / "repaired" / "tiny-draft-simple.json").read_text()) is None
     assert res.summary()["counts"]["placeholder"] == len(res.records[0].tokens) - 1
 
 

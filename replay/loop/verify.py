@@ -57,7 +57,7 @@ def rejection_step(draft_token: int, target_ids: Sequence[int], target_p: Sequen
     keep r_k > 0, sum in float; if sum > 0 draw u = U * sum and scan `u -= r; pick at u <= 0`
     (fallback: the last residual entry); if sum == 0 the target's own sample `id_target`.
 
-    >>> u = iter([np.float32(0.9)]).__next__
+    >>> u = iter([np.float32(0.9), np.float32(0.5)]).__next__
     >>> rejection_step(2, [1, 2], [0.7, 0.3], [2, 1], [0.6, 0.4], 1, u).accepted   # p/q = 0.5 < 0.9
     False
     """

@@ -128,14 +128,21 @@ def weighted_disagreement(reports: list[TokenReport]) -> float | None:
     return num / den if den > 0 else None
 
 
-def numerics_cause(slots: int | None, kernels: str | None) -> str | None:
+def numerics_cause(shared: str | None, kernels: str | None) -> str | None:
     """Why the server's real values may differ from a one-request CPU evaluation of the same tokens,
-    or None when nothing says they may (one slot, the replay's kernels): batches shared with other
-    requests on a server that may run several slots, and/or other kernels (runtime/backend.py)."""
+    or None when nothing says they may: batches shared with other requests, where the record shows
+    a server that may have run them (`shared`: Record.several_slots, or the user's --shared-batches;
+    an unknown slot count is not such evidence), and/or other kernels (runtime/backend.py).
+
+    >>> numerics_cause(None, None) is None
+    True
+    >>> numerics_cause("a 4-slot server (/props total_slots)", None)
+    'batches shared with other requests on a 4-slot server (/props total_slots)'
+    """
     causes = []
-    if slots != 1:
-        where = f"a {slots}-slot server" if slots else "a server that may run several slots"
-        causes.append(f"batches shared with other requests on {where}")
+    if shared:
+        causes.append(f"batches shared with other requests on {shared}" if shared.startswith("a ")
+                      else f"batches shared with other requests ({shared})")
     if kernels:
         causes.append(kernels)
     return "; ".join(causes) or None

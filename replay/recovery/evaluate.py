@@ -29,8 +29,13 @@ from ..errors import ModelError, TranscriptError
 from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
 from ..runtime.sampler import SamplerChain, post_sampling
+from ..schedule.memory import SlotMemory
+from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..settings.sampling import Effective
 from ..transcripts.plan import Gap, Known, PlanItem
+from .prefix import Prefix
+
+FRESH = Prefix(0, "fresh")
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
 
@@ -85,24 +90,13 @@ class PieceIndex:
         return ok
 
 
-def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk: int = 1,
-         pieces: PieceIndex | None = None, keep: int = 0,
-         rebuild: bool = False) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
-    """Yield (index, token id, plan item, logits that scored it) for every generated token.
-
-    The logits are a view of libllama's buffer, valid until the generator is resumed: read them
-    before asking for the next token (truths does), copy them to keep them.
-
-    Known ids are decoded `chunk` at a time; a Gap is resolved one token at a
-    time, each step taking, among the tokens whose bytes continue the gap, the
-    one the target ranks highest (pieces with the same bytes are told apart by
-    the model's own distribution). The first `keep` prompt positions are taken
-    from the context as an earlier walk left them (prefix.plan_prefix says when
-    that is exact), or evaluated on their own when it does not hold them or
-    `rebuild` says its cells were computed another way; the
-    rest of the prompt is decoded in batches of n_batch from there, as the
-    server does from its n_past.
-    """
+def prefill(slot: SlotMemory, prompt: Sequence[int], prefix: Prefix, spans: MessageSpans = NO_SPANS) -> None:
+    """The prompt phase: keep the first `prefix.keep` positions as an earlier walk left them
+    (prefix.py says when that is exact; a checkpointing target restores the slot checkpoint the
+    server restored first), or evaluate them on their own when the context does not hold them or
+    `prefix.rebuild` says its cells were computed another way; then decode the rest of the prompt
+    in the server's batches from there (schedule/prompt.py), as the server does from its n_past."""
+    ctx, keep = slot.ctx, prefix.keep
     n_prompt = len(prompt)
     if n_prompt == 0:
         raise TranscriptError("the prompt has no tokens")
@@ -111,16 +105,34 @@ def walk(ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], *, chunk
                          "pass a larger --ctx-size (the server's -c)")
     if keep >= n_prompt:
         raise ValueError(f"cannot keep {keep} of {n_prompt} prompt positions: the last one must be decoded")
-    if not rebuild and list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
-        ctx.keep(keep)
+    if not prefix.rebuild and list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
+        if prefix.restore is not None:
+            slot.restore(prefix.restore)
+        slot.keep(keep, prefix.checkpoints)
     else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
-        ctx.clear()
-        for start in range(0, keep, ctx.n_batch):
-            part = list(prompt[start:min(start + ctx.n_batch, keep)])
-            ctx.decode(part, start, [False] * len(part))
-    for start in range(keep, n_prompt, ctx.n_batch):
-        part = list(prompt[start:start + ctx.n_batch])
-        ctx.decode(part, start, [False] * (len(part) - 1) + [start + len(part) == n_prompt])
+        slot.reset()
+        if keep:
+            slot.prefill(prompt[:keep], spans=MessageSpans(tuple(p for p in spans.user_starts if p < keep)),
+                         output_last=False)
+    slot.prefill(prompt, keep, spans=spans)
+
+
+def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, prefix: Prefix = FRESH,
+         spans: MessageSpans = NO_SPANS, chunk: int = 1,
+         pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
+    """Yield (index, token id, plan item, logits that scored it) for every generated token.
+
+    The logits are a view of libllama's buffer, valid until the generator is resumed: read them
+    before asking for the next token (truths does), copy them to keep them.
+
+    The prompt goes in as `prefill` says. Known ids are decoded `chunk` at a time; a Gap is
+    resolved one token at a time, each step taking, among the tokens whose bytes continue the
+    gap, the one the target ranks highest (pieces with the same bytes are told apart by the
+    model's own distribution).
+    """
+    ctx = slot.ctx
+    prefill(slot, prompt, prefix, spans)
+    n_prompt = len(prompt)
     pending = ctx.logits_view(-1)  # scores generated token 0 (views: each is read before the next decode)
     pos = n_prompt
     index = 0
@@ -206,9 +218,9 @@ def _check_room(ctx: Context, n: int) -> None:
                          "pass a larger --ctx-size")
 
 
-def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
+def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
            n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
-           keep: int = 0, rebuild: bool = False, suppress_tokens: bool = True) -> Iterator[Truth]:
+           prefix: Prefix = FRESH, spans: MessageSpans = NO_SPANS, suppress_tokens: bool = True) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
@@ -219,8 +231,8 @@ def truths(model: Model, ctx: Context, prompt: Sequence[int], plan: Sequence[Pla
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
-        for index, tok, item, logits in walk(ctx, prompt, plan, chunk=chunk, pieces=pieces, keep=keep,
-                                                     rebuild=rebuild):
+        for index, tok, item, logits in walk(slot, prompt, plan, prefix=prefix, spans=spans, chunk=chunk,
+                                             pieces=pieces):
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")

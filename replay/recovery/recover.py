@@ -19,15 +19,18 @@ from ..loop.eras import shape_for
 from ..runtime.backend import kernels_differ, replay_backend, server_backend
 from ..runtime.binding import loaded_path
 from ..runtime.llama import Context, Model
-from ..settings import BY_ATTR, ContextConfig, resolve
+from ..schedule.builds import rules_of_build
+from ..schedule.memory import SlotMemory, checkpoint_rules, min_step_given
+from ..schedule.prompt import NO_SPANS
+from ..settings import BY_ATTR, ContextConfig, kv_layout, resolve
 from ..transcripts.entries import drafted, n_generated, n_prompt_cached
 from ..transcripts.plan import Gap, Plan, build_plan, entry_at
-from ..transcripts.readers import Record, read_source, read_text
+from ..transcripts.readers import Record, fingerprint, read_source, read_text
 from ..transcripts.request import request_settings
 from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_numerics, numerics_cause
 from .evaluate import PieceIndex, Truth, Unaligned, truths
-from .prefix import plan_prefix
-from .prompt import prompt_ids
+from .prefix import plan_checkpointed, plan_prefix
+from .prompt import message_spans, prompt_ids
 from .repair import Outcome, repair_record, serialise
 from .report import RecordReport, RecoverResult, TokenReport
 
@@ -45,6 +48,7 @@ class RecoverOptions:
     source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
+    shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Recoverer:
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers)
         self._ctx: Context | None = None
         self._ctx_key: tuple | None = None
+        self._slot: SlotMemory | None = None
         self._pieces: PieceIndex | None = None
         self._exact_upto = 0  # KV positions the previous record left as the server computed them
         self._piece_cache: dict[int, bytes] = {}
@@ -103,19 +108,28 @@ class Recoverer:
             self._pieces = PieceIndex(self.model)
         return self._pieces
 
-    def context(self, cfg: ContextConfig) -> Context:
+    def context(self, cfg: ContextConfig, build: int | None, recorded: dict | None = None) -> SlotMemory:
+        """The context (and the slot memory over it) configured like the server's, made anew when the
+        configuration changes. `build` (the server's build number, None: unknown) picks the prompt
+        schedule's rules (schedule/builds.py); `recorded` are the transcript's server flags (how its
+        slots were asked for: kv_layout)."""
         n_ctx = cfg.n_ctx or DEFAULT_N_CTX
         threads = cfg.threads if cfg.threads > 0 else 2
+        n_seq_max, unified = kv_layout(cfg, recorded)
         key = (n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full,
-               threads)
+               threads, n_seq_max, unified, cfg.n_ctx_checkpoints, min_step_given(cfg), rules_of_build(build))
         if self._ctx is None or self._ctx_key != key:
             self.close()
             self._ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx), n_ubatch=cfg.n_ubatch,
                                 n_threads=threads, flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
-                                type_v=cfg.cache_type_v, swa_full=cfg.swa_full)
+                                type_v=cfg.cache_type_v, swa_full=cfg.swa_full, n_seq_max=n_seq_max,
+                                kv_unified=unified)
+            rules = checkpoint_rules(self.model, self._ctx.removes_suffixes(), n_ctx_checkpoints=cfg.n_ctx_checkpoints,
+                                     min_step=min_step_given(cfg), swa_full=cfg.swa_full, build=build)
+            self._slot = SlotMemory(self._ctx, rules, n_swa=0 if cfg.swa_full else self.model.n_swa)
             self._ctx_key = key
             self._exact_upto = 0
-        return self._ctx
+        return self._slot
 
     def check_vocab(self, rec: Record, plan: Plan) -> None:
         """Refuse a transcript from another model: its real entries' top pieces must be this model's pieces."""
@@ -157,7 +171,7 @@ class Recoverer:
         rep.notes += settings.notes
         try:
             rep.shape = shape_for(build=self.options.build, source=self.options.source,
-                                  build_info=rec.build_info or (rec.final() or {}).get("system_fingerprint"))
+                                  build_info=rec.build_info or fingerprint(rec))
         except ValueError as e:
             raise TranscriptError(str(e)) from None
         plan = build_plan(rec, self.piece, settings.stop)
@@ -166,10 +180,18 @@ class Recoverer:
         for t in prompt:
             self.piece(t)  # vocabulary range check
         cfg = resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props)
-        ctx = self.context(cfg)
+        slot = self.context(cfg, rep.shape.build, rec.flags)
+        ctx = slot.ctx
         final = rec.final()
-        prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final), ctx.n_batch,
-                             ctx.n_ubatch, reuse=self.options.reuse_prefix)
+        spans = NO_SPANS
+        if slot.rules.user_breaks:
+            spans = message_spans(rec, self.model, prompt)
+        if slot.rules.enabled:  # a target that checkpoints: its prompt cuts and the slot's checkpoints
+            prefix = plan_checkpointed(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final),
+                                       slot.checkpoints, pos_min=ctx.pos_min(), n_swa=slot.n_swa)
+        else:
+            prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(final), ctx.n_batch,
+                                 ctx.n_ubatch, reuse=self.options.reuse_prefix)
         if prefix.note:
             rep.notes.append(prefix.note)
         rep.prompt_tokens, rep.reused_prompt_tokens, rep.prefix = len(prompt), prefix.keep, prefix.how
@@ -177,8 +199,8 @@ class Recoverer:
         evaluated: list[Truth] = []
         unaligned: Unaligned | None = None
         try:
-            for truth in truths(self.model, ctx, prompt, plan, settings, n_probs, post=post, chunk=self.options.chunk,
-                                keep=prefix.keep, rebuild=prefix.rebuild, suppress_tokens=rep.shape.era.suppress_tokens,
+            for truth in truths(self.model, slot, prompt, plan, settings, n_probs, post=post, chunk=self.options.chunk,
+                                prefix=prefix, spans=spans, suppress_tokens=rep.shape.era.suppress_tokens,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 evaluated.append(truth)
         except Unaligned as e:
@@ -188,12 +210,15 @@ class Recoverer:
                 evaluated.pop()
         speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
+        rep.schedule = schedule_of(slot, spans)
         rep.slots = rec.slots(self.flags.get("n_parallel"))
         rep.replay_backend = self.backend.name
         rep.libllama = None if loaded_path() is None else str(loaded_path())
         rep.server_backend = server_backend(self._server_flags(rec), self.options.server_backend)
         rep.kernels = kernels_differ(rep.server_backend, self.backend)
-        rep.cause = numerics_cause(rep.slots, rep.kernels)
+        shared = rec.several_slots(self.flags.get("n_parallel")) or (
+            "--shared-batches" if self.options.shared_batches else None)
+        rep.cause = numerics_cause(shared, rep.kernels)
         judged, rep.weighted_diff, rep.batched = judge_numerics([o.report for o in outcomes], rep.cause,
                                                                 self.options.batch_bound)
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
@@ -239,6 +264,12 @@ class Recoverer:
         return outcomes
 
 
+def schedule_of(slot: SlotMemory, spans) -> dict:
+    """The prompt schedule a record was evaluated with, for its report."""
+    return {"checkpoints": slot.rules.enabled, "prompt_batches": [b.end - b.start for b in slot.last_batches],
+            "checkpoints_at": [c.n_tokens for c in slot.checkpoints], "user_message_starts": list(spans.user_starts)}
+
+
 def recover(source: str | Path | dict | list, model: Model | str | Path, *, request: dict | None = None,
             flags: dict | None = None, options: RecoverOptions | None = None,
             progress: Callable[[int, int], None] | None = None) -> RecoverResult:
@@ -249,9 +280,10 @@ def recover(source: str | Path | dict | list, model: Model | str | Path, *, requ
     (e.g. {"n_ctx": 4096}). Returns the per-token report and the repaired text in the source's
     own shape (empty when a record could not be recovered).
 
-        >>> res = recover("run.json", model="SmolLM2-135M-Instruct.Q4_1.gguf")
+        >>> from replay.paths import FIXTURES
+        >>> res = recover(FIXTURES / "transcripts" / "tiny-draft-simple.json", model=FIXTURES / "tiny-target.gguf")
         >>> res.records[0].summary()["counts"]
-        {'ok': 1, 'placeholder': 38, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
+        {'ok': 1, 'placeholder': 19, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
     """
     if isinstance(source, (dict, list)):
         original = json.dumps(source)

@@ -61,6 +61,7 @@ class RecordReport:
     cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
     weighted_diff: float | None = None  # compare.judge_numerics: weighted |server - true| of the real values
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
+    schedule: dict | None = None  # recover.schedule_of: the prompt batches and checkpoints replayed
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -87,7 +88,7 @@ class RecordReport:
     def to_json(self) -> dict:
         d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
-             "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix,
+             "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix, "schedule": self.schedule,
              "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
              "loop_shape": None if self.shape is None else {
                  "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
@@ -150,8 +151,10 @@ class RecoverResult:
                        f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
                        "not the server's")
             elif r.weighted_diff is not None and r.weighted_diff <= _batch_bound():
-                why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels would: if the server ran on "
-                        "a GPU or another CPU, say so with -ngl/-dev or --server-backend")
+                why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or shared batches would: if "
+                        "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
+                        "decoded these requests together with others (several slots serving at once), with "
+                        "--shared-batches")
             if r.prefix == "server cache":
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")

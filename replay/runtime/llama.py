@@ -192,6 +192,11 @@ class Model(_Owner):
     def add_bos(self) -> bool:
         return bool(L.llama_vocab_get_add_bos(self.vocab))
 
+    @property
+    def n_swa(self) -> int:
+        """The sliding-window size of the model's SWA layers (0: no sliding-window attention)."""
+        return int(L.llama_model_n_swa(self.ptr))
+
     def chat_template(self) -> str | None:
         t = L.llama_model_chat_template(self.ptr, None)
         return t.decode("utf-8") if t else None
@@ -250,11 +255,14 @@ class Context(_Owner):
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
                  n_threads: int = 2, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
-                 swa_full: bool = False, n_seq_max: int = 1):
+                 swa_full: bool = False, n_seq_max: int = 1, kv_unified: bool = False):
         self.model = model
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
+        # a unified cache for n slots sizes the sliding-window cache for all of them:
+        # min(n_ctx, n_swa * n_seq_max + n_ubatch) cells (src/llama-kv-cache-iswa.cpp:73)
         p.n_seq_max = n_seq_max
+        p.kv_unified = kv_unified
         p.n_threads = p.n_threads_batch = n_threads
         p.flash_attn_type = FLASH_ATTN[flash_attn]
         p.type_k, p.type_v = KV_TYPES[type_k], KV_TYPES[type_v]
@@ -331,6 +339,14 @@ class Context(_Owner):
                 del self.kv_tokens[p0:]
             else:
                 self.kv_tokens = []  # a hole: no longer a plain prefix
+
+    def pos_min(self, seq_id: int = 0) -> int:
+        """llama_memory_seq_pos_min: the smallest position the memory holds for the sequence (-1: none;
+        a sliding-window cache drops cells that fell out of the window, a recurrent one keeps only its last)."""
+        return int(L.llama_memory_seq_pos_min(L.llama_get_memory(self.ptr), seq_id))
+
+    def pos_max(self, seq_id: int = 0) -> int:
+        return int(L.llama_memory_seq_pos_max(L.llama_get_memory(self.ptr), seq_id))
 
     def clear(self) -> None:
         L.llama_memory_clear(L.llama_get_memory(self.ptr), True)

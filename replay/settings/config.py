@@ -41,6 +41,29 @@ ContextConfig = _config_class("ContextConfig", "context",
 _CLASSES = {"speculative": SpecConfig, "context": ContextConfig}
 
 
+def kv_layout(cfg: Any, recorded: Mapping[str, Any] | None = None) -> tuple[int, bool]:
+    """(n_seq_max, kv_unified) of the server's context: -np auto is 4 slots on a unified cache
+    (tools/server/server.cpp:168-173), --kv-unified shares one for -np N; a non-unified cache gives
+    each slot its own stream, which a one-sequence context mirrors. A unified cache sizes the
+    sliding-window cache for every slot (src/llama-kv-cache-iswa.cpp:73). /props reports the slot
+    count, not how it was asked for: several slots without an -np among our or the recorded flags
+    were -np auto's.
+
+        >>> kv_layout(ContextConfig(n_parallel=-1)), kv_layout(ContextConfig(n_parallel=1))
+        ((4, True), (1, False))
+        >>> kv_layout(ContextConfig(n_parallel=4, sources={"n_parallel": "/props"}), {"--parallel": 4})
+        (1, False)
+    """
+    n = cfg.n_parallel
+    if n is None or n < 1:
+        return 4, True
+    if n == 1:
+        return 1, False
+    asked = (recorded or {}).get("--parallel") if cfg.sources.get("n_parallel") == "/props" else n
+    unified = cfg.kv_unified or asked is None or asked < 1
+    return (n, True) if unified else (1, False)
+
+
 def dig(obj: Any, path: str) -> Any:
     """obj["a"]["b"] for path "a.b"; None where anything on the way is missing or not an object."""
     for part in path.split("."):

@@ -194,6 +194,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--swa-full", "swa_full", "context", "flag", False,
             "full-size KV cache for sliding-window attention layers (changes which cells SWA layers read)",
             transcript="swa_full", source="common/arg.cpp:1693"),
+    Setting("--ctx-checkpoints", "n_ctx_checkpoints", "context", "int", 32,
+            "context checkpoints kept per slot (0: none). A sliding-window, recurrent or hybrid target is then "
+            "cut into other prompt batches (schedule/prompt.py)", aliases=("-ctxcp", "--swa-checkpoints"),
+            metavar="N", transcript="n_ctx_checkpoints", source="common/arg.cpp:1701"),
+    Setting("--checkpoint-min-step", "checkpoint_min_step", "context", "int", 8192,
+            "minimum spacing between context checkpoints in tokens (user-message cuts of chat prompts)",
+            aliases=("-cms",), metavar="N", transcript="checkpoint_min_step", source="common/arg.cpp:1709"),
+    Setting("--kv-unified", "kv_unified", "context", "flag", False,
+            "one KV buffer for all slots (default with -np auto); sizes the sliding-window cache for every slot",
+            aliases=("-kvu",), transcript="kv_unified", source="common/arg.cpp:1727"),
     Setting("--gpu-layers", "n_gpu_layers", "context", "str", "auto",
             "layers offloaded to a GPU: N, auto or all. The server's: with a GPU its values come from other "
             "kernels than a CPU replay's (judged like batching, see recover). A replay offloads the same "

@@ -20,15 +20,17 @@ from typing import Any, Callable, Sequence
 from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.eras import NEWEST, Shape, shape_for
-from ..recovery.prompt import prompt_ids
+from ..recovery.prompt import message_spans, prompt_ids
+from ..schedule.memory import min_step_given
+from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..runtime.binding import loaded_path
 from ..runtime.gguf import check_gguf
 from ..runtime.llama import Model
-from ..settings import ContextConfig, SpecConfig, describe, resolve
+from ..settings import ContextConfig, SpecConfig, describe, kv_layout, resolve
 from ..settings.sampling import Effective, effective, server_sampling
 from ..transcripts.entries import SentEntry, n_prompt_cached, record_entries
 from ..transcripts.plan import Known, Plan, build_plan
-from ..transcripts.readers import Record
+from ..transcripts.readers import Record, fingerprint
 from ..transcripts.request import request_settings
 from .divergence import (DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection,
                          explain_sampled, measured_noise)
@@ -138,14 +140,16 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
              shape: Shape, draft: Model | None, n_probs: int, recorded: Plan | None = None,
-             timings: dict | None = None, server_state: dict | None = None, stream: bool = False) -> TraceResult:
+             timings: dict | None = None, server_state: dict | None = None, stream: bool = False,
+             spans: MessageSpans = NO_SPANS, recorded_flags: dict | None = None) -> TraceResult:
     """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
     emits (compare_with_plan)."""
     loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
                            draft=draft, n_probs=n_probs, threads=ctx.threads if ctx.threads > 0 else 2,
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, flash_attn=ctx.flash_attn,
                            type_k=ctx.cache_type_k, type_v=ctx.cache_type_v, swa_full=ctx.swa_full,
-                           server_state=server_state)
+                           server_state=server_state, kv=kv_layout(ctx, recorded_flags),
+                           checkpoints=(ctx.n_ctx_checkpoints, min_step_given(ctx)), spans=spans, build=shape.build)
     try:
         steps = list(loop.steps())
     finally:
@@ -282,7 +286,8 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
     res = run_loop(target, prompt, settings, spec, ctx, shape=shape, draft=draft,
                    n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
-                   server_state=server_state, stream=rec.stream)
+                   server_state=server_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
+                   recorded_flags=rec.flags)
     res.notes += list(settings.notes)
     if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
@@ -316,7 +321,7 @@ def loop_shape(rec: Record, build: int | None = None, source: Path | None = None
     """The loop shape to replay `rec` with: a checkout's code, else --build, else its build_info."""
     try:
         return shape_for(build=build, source=source,
-                         build_info=rec.build_info or (rec.final() or {}).get("system_fingerprint"))
+                         build_info=rec.build_info or fingerprint(rec))
     except ValueError as e:
         raise TranscriptError(str(e)) from None
 

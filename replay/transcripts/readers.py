@@ -46,6 +46,7 @@ class Record:
     build_info: str | None = None
     flags: dict | None = None  # the server's flags by llama-server's spelling (server.flags, from `record`)
     props: dict | None = None  # the server's GET /props when `record` sent the request
+    snapshot_slots: list | None = None  # the server's GET /slots just before the request
     container: Any = None  # the record's top-level object: the transcript / pair / bare response
     events_as: str = "objects"  # how events are stored in the container: objects | strings | sse-text
 
@@ -67,6 +68,23 @@ class Record:
             return 4 if n < 1 else n
         return None
 
+    def several_slots(self, n_parallel: int | None = None) -> str | None:
+        """What in the record shows a server that may have decoded it in batches shared with other
+        requests, or None: the slot count it ran (/props, our -np, the recorded --parallel), a response
+        from a slot other than 0, or another slot busy in the /slots snapshot taken before it. An
+        unknown slot count is no such evidence."""
+        n = self.slots(n_parallel)
+        if n is not None and n > 1:
+            where = ("/props total_slots" if isinstance((self.props or {}).get("total_slots"), int)
+                     else "-np" if n_parallel is not None else "the recorded --parallel")
+            return f"a {n}-slot server ({where})"
+        sid = self.slot_id(n_parallel)
+        if sid is not None and sid > 0:
+            return f"the response came from slot {sid}"
+        if any(isinstance(s, dict) and s.get("is_processing") for s in (self.snapshot_slots or [])):
+            return "another slot was busy when it was sent (/slots)"
+        return None
+
     def slot_id(self, n_parallel: int | None = None) -> int | None:
         """The server slot that served the request: the response's id_slot (native endpoints), 0 on a
         one-slot server, else None (unknown)."""
@@ -84,6 +102,12 @@ class Record:
             if "usage" in e and e["usage"] or "timings" in e or "tokens_evaluated" in e:
                 return e
         return None
+
+
+def fingerprint(rec: Record) -> str | None:
+    """The OpenAI endpoints' system_fingerprint (the server's build_info), if the response has a text one."""
+    v = (rec.final() or {}).get("system_fingerprint")
+    return v if isinstance(v, str) else None
 
 
 # --- file level ----------------------------------------------------------------
@@ -241,7 +265,8 @@ def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
     return replace(rec, container=t, events_as="strings" if rec.stream else "objects",
                    prompt_ids=_ids(t.get("prompt_tokens"), fail, "prompt_tokens"),
                    build_info=server.get("build_info") if isinstance(server.get("build_info"), str) else None,
-                   flags=recorded, props=props)
+                   flags=recorded, props=props,
+                   snapshot_slots=server.get("slots") if isinstance(server.get("slots"), list) else None)
 
 
 def _ids(v: Any, fail, name: str) -> list[int] | None:

@@ -1,0 +1,124 @@
+"""A server slot's memory, in-process: the prompt phase of a request run as llama-server runs it.
+
+`SlotMemory` holds the target context (and the draft model's, which mirrors every prompt batch:
+common_speculative_process, server-context.cpp:4072-4084), the tokens in it, and the slot's context
+checkpoints with their saved state. `prefill` decodes a prompt from `n_past` in the server's batches
+(schedule/prompt.py), saving a checkpoint before the batches the server saves one before; `restore`
+brings a checkpoint back for a request that reuses the slot's memory (plan_reuse), as the server
+does before trimming the memory to n_past (:3597-3611, 3674).
+
+A checkpoint's state is the memory that cannot drop a suffix: the sliding-window cells, or the
+recurrent state (llama_state_seq_*_ext with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, as
+common_prompt_checkpoint::update_tgt / load_tgt take it). Its pos_min/pos_max are the memory's
+before the batch it precedes (:3884-3885).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..runtime.llama import Context, Model
+from .builds import rules_of_build
+from .prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
+
+
+@dataclass
+class Checkpoint:
+    """common_prompt_checkpoint: where it was taken, by which request, and the saved states."""
+
+    n_tokens: int
+    pos_min: int
+    pos_max: int
+    task: int
+    data_tgt: bytes = field(default=b"", repr=False)
+    data_dft: bytes | None = field(default=None, repr=False)
+
+
+def checkpoint_rules(model: Model, removes_suffixes: bool, *, n_ctx_checkpoints: int = 32,
+                     min_step: int | None = None, swa_full: bool = False, build: int | None = None) -> CheckpointRules:
+    """Does the server checkpoint this target (server-context.cpp:3708-3721)? When --ctx-checkpoints > 0
+    and its memory cannot drop a suffix (recurrent or hybrid: common_context_can_seq_rm gives FULL, which
+    Context.removes_suffixes() tells) or it has sliding-window layers without --swa-full
+    (n_swa = llama_model_n_swa unless swa_full, :1337). `build` picks the rules of that build
+    (builds.py; None: the newest); `min_step` None is that build's default."""
+    swa = 0 if swa_full else model.n_swa
+    rules = rules_of_build(build)
+    enabled = n_ctx_checkpoints > 0 and (swa > 0 or not removes_suffixes)
+    return CheckpointRules(enabled, n_ctx_checkpoints=n_ctx_checkpoints,
+                           min_step=rules.min_step if min_step is None else min_step, build=rules)
+
+
+def min_step_given(cfg) -> int | None:
+    """--checkpoint-min-step when it was given (our flags, the transcript's), else None: the build's default."""
+    return None if cfg.sources.get("checkpoint_min_step", "default") == "default" else cfg.checkpoint_min_step
+
+
+class SlotMemory:
+    """One slot's memory: contexts (not owned), the slot's checkpoints, and the request counter."""
+
+    def __init__(self, ctx: Context, rules: CheckpointRules, *, n_swa: int, draft: Context | None = None):
+        self.ctx, self.draft, self.rules, self.n_swa = ctx, draft, rules, n_swa
+        self.checkpoints: list[Checkpoint] = []
+        self.task = 0
+        self.last_batches: list[PromptBatch] = []  # the batches of the last prompt prefilled
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens in the slot's memory, by position."""
+        return self.ctx.kv_tokens
+
+    def reset(self) -> None:
+        """An empty slot (a fresh server, or a slot whose history is unknown)."""
+        self.ctx.clear()
+        if self.draft is not None:
+            self.draft.clear()
+        self.checkpoints = []
+
+    def restore(self, ck: Checkpoint) -> None:
+        """Load a checkpoint's states into the contexts (load_tgt / load_dft, :3597-3601)."""
+        self.ctx.load_partial(ck.data_tgt)
+        if self.draft is not None and ck.data_dft is not None:
+            self.draft.load_partial(ck.data_dft)
+
+    def keep(self, n_past: int, checkpoints: Sequence[Checkpoint] | None = None) -> None:
+        """Trim both contexts to the first n_past positions (seq_rm(p0, -1), :3674); `checkpoints` is the
+        slot's list after the request's reuse decision (plan_reuse erases those past n_past)."""
+        if checkpoints is not None:
+            self.checkpoints = list(checkpoints)
+        for c in (self.ctx, self.draft):
+            if c is not None:
+                if n_past > 0:
+                    c.seq_rm(0, n_past, -1)
+                else:
+                    c.clear()
+
+    def prefill(self, prompt: Sequence[int], n_past: int = 0, *, spans: MessageSpans = NO_SPANS,
+                output_last: bool = True) -> list[PromptBatch]:
+        """Decode prompt[n_past:] in the server's batches (logits at the last prompt token when
+        `output_last`), saving checkpoints where the server does; returns the batches."""
+        self.task += 1
+        n = len(prompt)
+        batches = []
+        start = n_past
+        while start < n:
+            b = next_batch(n, start, n_batch=self.ctx.n_batch, n_ubatch=self.ctx.n_ubatch, rules=self.rules,
+                           spans=spans, last_checkpoint=self.checkpoints[-1].n_tokens if self.checkpoints else None,
+                           memory_empty=self.ctx.pos_min() < 0)
+            if b.checkpoint:
+                self._checkpoint(b.start)
+            part = list(prompt[b.start:b.end])
+            outs = [False] * (len(part) - 1) + [output_last and b.end == n]
+            self.ctx.decode(part, b.start, outs)
+            if self.draft is not None:  # the mirror's output is on its last row (common/speculative.cpp:304-348)
+                self.draft.decode(part, b.start, [False] * (len(part) - 1) + [True])
+            batches.append(b)
+            start = b.end
+        if output_last:
+            self.last_batches = batches
+        return batches
+
+    def _checkpoint(self, n_tokens: int) -> None:
+        ck = Checkpoint(n_tokens, self.ctx.pos_min(), self.ctx.pos_max(), self.task, self.ctx.save_partial(),
+                        self.draft.save_partial() if self.draft is not None else None)
+        self.checkpoints = with_checkpoint(self.checkpoints, ck, n_max=self.rules.n_ctx_checkpoints,
+                                           min_step=self.rules.min_step, eviction=self.rules.build.eviction)

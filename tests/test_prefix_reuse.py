@@ -1,6 +1,6 @@
 """Records of one file that share a prompt prefix: keeping KV between them, and only where it is exact.
 
-Two cases (replay/prefix.py): the server reused its own cache (`cache_prompt`, its default) and
+Two cases (replay/schedule/prefix.py): the server reused its own cache (`cache_prompt`, its default) and
 said so in `timings.cache_n`, so its values come from that KV state and recover must rebuild
 it; or the server evaluated every prompt from scratch, and keeping whole n_ubatch blocks of a
 shared prefix is a pure speed-up that changes no bit.
@@ -16,7 +16,7 @@ import pytest
 
 from replay.llamacpp.process import ServerConfig
 from replay.llamacpp.record import RequestItem, record_one
-from replay.recovery.prefix import Prefix, plan_prefix, reuse_points
+from replay.schedule.prefix import Prefix, plan_prefix, reuse_points
 from replay.recovery.recover import recover
 from replay.transcripts.format import dumps
 
@@ -68,21 +68,27 @@ def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
     logits, while keeping those cells would not."""
     from replay.recovery.evaluate import walk
     from replay.runtime.llama import Context, Model
+    from replay.schedule.memory import SlotMemory
+    from replay.schedule.prompt import CheckpointRules
     from replay.transcripts.plan import Known, Slot
+    keep, rebuild = Prefix(512, "shared prefix"), Prefix(512, "server cache (rebuilt)")
+
+    def slot(ctx):
+        return SlotMemory(ctx, CheckpointRules(False), n_swa=0)
     with Model(smollm2) as m:
         prompt = m.tokenize(SYSTEM, add_special=True, parse_special=False)[:600]
         gen = [Known(t, Slot()) for t in m.tokenize(" yes, of course", add_special=False, parse_special=False)]
         with Context(m, n_ctx=1024) as fresh:
-            want = [l.copy() for *_, l in walk(fresh, prompt, gen, keep=512)]
+            want = [l.copy() for *_, l in walk(slot(fresh), prompt, gen, prefix=keep)]
         with Context(m, n_ctx=1024) as ctx:
             for i, t in enumerate(prompt):
                 ctx.decode([t], i, [False])
             assert ctx.kv_tokens == prompt
-            kept = [l.copy() for *_, l in walk(ctx, prompt, gen, keep=512)]
+            kept = [l.copy() for *_, l in walk(slot(ctx), prompt, gen, prefix=keep)]
             ctx.clear()
             for i, t in enumerate(prompt):
                 ctx.decode([t], i, [False])
-            rebuilt = [l.copy() for *_, l in walk(ctx, prompt, gen, keep=512, rebuild=True)]
+            rebuilt = [l.copy() for *_, l in walk(slot(ctx), prompt, gen, prefix=rebuild)]
     assert all((a == b).all() for a, b in zip(rebuilt, want))
     assert not all((a == b).all() for a, b in zip(kept, want))
 
@@ -169,7 +175,7 @@ def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tm
                        capture_output=True, text=True, timeout=600)
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and not out.exists()
-    assert "Traceback" not in p.stderr and last.startswith("Error: ") and "did not rebuild it" in last
+    assert "Traceback" not in p.stderr and last.startswith("Error: ") and "evaluated on their own" in last
 
 
 @pytest.mark.build

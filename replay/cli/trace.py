@@ -75,8 +75,8 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     if transcript and workers > 1 and len(records) > 1:
         results = _trace_on_workers(transcript, records, request_file, target, model, flags, build, source, workers)
     elif transcript:
-        state = ServerState(flags.get("n_parallel"))  # records of one JSONL are requests to one server, in order
-        with progress_bar(len(records), "tracing records") as advance:
+        # records of one JSONL are requests to one server, in order
+        with ServerState(flags.get("n_parallel")) as state, progress_bar(len(records), "tracing records") as advance:
             for rec in records:
                 res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
                                    server_state=state.slot(rec), drafts=drafts)

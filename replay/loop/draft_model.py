@@ -58,7 +58,7 @@ def compatibility(target: Model, draft: Model) -> str | None:
 
 @dataclass
 class DraftContext:
-    """The draft model and its context for one request, as the loop drives it."""
+    """The draft model and its context (the slot's, owned by the loop's HeldMemory) for one request."""
 
     model: Model
     ctx: Context
@@ -69,9 +69,6 @@ class DraftContext:
 
     def drafter(self, spec) -> "DraftSimple":
         return DraftSimple(self, spec)
-
-    def close(self) -> None:
-        self.ctx.close()
 
 
 class DraftSimple:

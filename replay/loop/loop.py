@@ -34,6 +34,7 @@ from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
 from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
 from ..schedule.memory import SlotMemory, checkpoint_rules
+from ..schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..settings.sampling import Effective
 from .draft_model import DraftContext, DraftSimple, compatibility
@@ -123,12 +124,44 @@ class Limits:
         return n_prompt + n_before + n_step - 1 + 1 >= self.n_ctx
 
 
+MEMORY = "slot memory"  # the server-state key of a slot's HeldMemory
+
+
+@dataclass
+class HeldMemory:
+    """A slot's contexts and checkpoints, kept across the requests of one server (SpeculativeLoop)."""
+
+    key: tuple  # the configuration they were made for
+    memory: SlotMemory
+    ckpt_tgt: bool  # the target's memory cannot drop a suffix (verify batches are checkpointed)
+    ckpt_dft: bool
+
+    @staticmethod
+    def make(key: tuple, target: Model, ctx_kw: dict, draft: Model | None, draft_kw: dict,
+             checkpoints: tuple[int, int | None], swa_full: bool, build: int | None) -> "HeldMemory":
+        ctx = Context(target, **ctx_kw)
+        ckpt_tgt = not ctx.removes_suffixes()
+        dctx = Context(draft, **draft_kw) if draft is not None else None
+        ckpt_dft = dctx is not None and not dctx.removes_suffixes()
+        rules = checkpoint_rules(target, not ckpt_tgt, n_ctx_checkpoints=checkpoints[0], min_step=checkpoints[1],
+                                 swa_full=swa_full, build=build)
+        return HeldMemory(key, SlotMemory(ctx, rules, n_swa=0 if swa_full else target.n_swa, draft=dctx),
+                          ckpt_tgt, ckpt_dft)
+
+    def close(self) -> None:
+        for c in (self.memory.draft, self.memory.ctx):
+            if c is not None:
+                c.close()
+
+
 class SpeculativeLoop:
     """Iterate the server's steps for one request; `emitted` grows as steps run.
 
-    `server_state` carries drafter state that outlives a request on one server (ngram-mod's
-    table, the n-gram maps: SERVER_LOOP.md section 0 item 6): pass the same dict for
-    consecutive requests.
+    `server_state` carries what outlives a request on one server: drafter state (ngram-mod's
+    table, the n-gram maps: SERVER_LOOP.md section 0 item 6) and the slot's memory (its contexts,
+    their KV and the slot's checkpoints: `HeldMemory`), which a request that reuses the prompt
+    cache continues from (`cached`: the response's timings.cache_n). Pass the same dict for
+    consecutive requests to one slot; trace/state.py closes the memory.
     """
 
     def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era, n_ctx: int,
@@ -136,7 +169,7 @@ class SpeculativeLoop:
                  n_ubatch: int = 512, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
                  swa_full: bool = False, server_state: dict | None = None, kv: tuple[int, bool] = (1, False),
                  checkpoints: tuple[int, int | None] = (32, None), spans: MessageSpans = NO_SPANS,
-                 build: int | None = None):
+                 build: int | None = None, cached: int | None = None):
         check_replayable(spec, era, has_draft_model=draft is not None)
         self.era = era
         params = settings.params
@@ -155,13 +188,7 @@ class SpeculativeLoop:
         draft_kw = dict(ctx_kw, type_k=spec.draft_cache_type_k,
                         type_v=spec.draft_cache_type_v)
         ctx_kw.update(type_k=type_k, type_v=type_v)
-        self.ctx = Context(target, **ctx_kw)
-        # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
-        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
-        self.ckpt_tgt = not self.ctx.removes_suffixes()
-        self.spans = spans
-        self.prompt_rules = checkpoint_rules(target, not self.ckpt_tgt, n_ctx_checkpoints=checkpoints[0],
-                                             min_step=checkpoints[1], swa_full=swa_full, build=build)
+        self.spans, self.cached = spans, cached
         self.ckpt: tuple[bytes | None, bytes | None] = (None, None)  # (target, draft) partial states
         self.pending: tuple[list[int], Drafter | None] | None = None  # a restored step's kept tokens
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
@@ -184,11 +211,23 @@ class SpeculativeLoop:
             self.notes.append("no speculative type: the server did not speculate (from b9464 it speculates only "
                               "with --spec-type; -md alone loads the draft and never drafts); traced without drafting")
         slot = server_state if server_state is not None else {}
-        self.draft = (DraftContext(draft, Context(draft, **draft_kw), era, params.temp, params.seed, slot)
+        key = (str(target.path), tuple(sorted(ctx_kw.items())), str(draft.path) if draft is not None else None,
+               tuple(sorted(draft_kw.items())), checkpoints, build)
+        held = slot.get(MEMORY)
+        self.continued = held is not None and held.key == key
+        if not self.continued:
+            if held is not None:
+                held.close()
+            held = HeldMemory.make(key, target, ctx_kw, draft, draft_kw, checkpoints, swa_full, build)
+            if server_state is not None:
+                slot[MEMORY] = held
+        self.held, self.owns_memory = held, server_state is None
+        self.memory, self.ctx = held.memory, held.memory.ctx
+        # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
+        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
+        self.ckpt_tgt, self.ckpt_dft = held.ckpt_tgt, held.ckpt_dft
+        self.draft = (DraftContext(draft, held.memory.draft, era, params.temp, params.seed, slot)
                       if draft is not None else None)
-        self.ckpt_dft = self.draft is not None and not self.draft.ctx.removes_suffixes()
-        self.memory = SlotMemory(self.ctx, self.prompt_rules, n_swa=0 if swa_full else target.n_swa,
-                                 draft=self.draft.ctx if self.draft is not None else None)
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
                                                      server_state=slot, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
@@ -200,13 +239,13 @@ class SpeculativeLoop:
         self.n_accepted = 0
 
     def close(self) -> None:
+        """Free the request's samplers; the slot's memory stays with the server state (HeldMemory)."""
         self.chain.close()
         for d in self.drafters:
             if isinstance(d, DraftSimple):
                 d.close()
-        if self.draft is not None:
-            self.draft.close()
-        self.ctx.close()
+        if self.owns_memory:
+            self.held.close()
 
     def steps(self) -> Iterator[Step]:
         yield self.prefill()
@@ -223,7 +262,7 @@ class SpeculativeLoop:
         n_prompt = len(self.prompt)
         if n_prompt >= self.limits.n_ctx:  # the server answers 400 exceed_context_size_error (:3417-3425)
             raise TranscriptError(f"the prompt has {n_prompt} tokens but the context holds {self.limits.n_ctx}")
-        self.memory.prefill(self.prompt, spans=self.spans)
+        self.memory.start(self.prompt, self.reuse(), spans=self.spans)
         self.chain.accept_prompt(self.prompt)
         for d in self.drafters:
             d.begin(self.prompt)
@@ -235,6 +274,30 @@ class SpeculativeLoop:
         self.sampled = tok
         self.alive = self.emit(tok, 0, logits, cands, n_before=0, n_step=1, how=(draw, "sampled"))
         return Step(index=0, pos0=n_prompt, sampled=tok, rule="normal", emitted=[tok])
+
+    def reuse(self) -> Prefix:
+        """What the request keeps of the slot's memory: what the server kept (`cached`), when this slot's
+        memory continues the earlier requests the trace reproduced (every cell as the server computed
+        it, verify batches included); a fresh evaluation otherwise."""
+        mem, kv = self.memory, self.ctx.kv_tokens
+        if not self.continued:
+            if self.cached:
+                self.notes.append(f"the server took {self.cached} prompt tokens from its cache (cache_prompt), "
+                                  "left by requests this trace did not run (earlier records on another "
+                                  "configuration, or none): evaluated from scratch, its values differ slightly and "
+                                  "a near-tie may sample differently")
+            return FRESH
+        if mem.rules.enabled:
+            prefix = plan_checkpointed(kv, len(kv), self.prompt, self.cached, mem.checkpoints,
+                                       pos_min=self.ctx.pos_min(), n_swa=mem.n_swa)
+        else:
+            prefix = plan_prefix(kv, len(kv), self.prompt, self.cached, self.ctx.n_batch, self.ctx.n_ubatch,
+                                 reuse=False)
+        if prefix.rebuild:
+            self.notes.append(f"the server took {self.cached} prompt tokens from its cache, which the slot's memory "
+                              "as traced does not hold (an earlier record diverged, or came from another slot): "
+                              "evaluated on their own, its values differ slightly")
+        return prefix
 
     def step(self, index: int) -> Step:
         """One speculative step: draft, decode, verify, trim, emit. On a target whose memory cannot drop

@@ -30,12 +30,10 @@ from ..numerics.server_probs import pre_sampling
 from ..runtime.llama import Context, Model
 from ..runtime.sampler import SamplerChain, post_sampling
 from ..schedule.memory import SlotMemory
+from ..schedule.prefix import FRESH, Prefix
 from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..settings.sampling import Effective
 from ..transcripts.plan import Gap, Known, PlanItem
-from .prefix import Prefix
-
-FRESH = Prefix(0, "fresh")
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
 
@@ -90,33 +88,6 @@ class PieceIndex:
         return ok
 
 
-def prefill(slot: SlotMemory, prompt: Sequence[int], prefix: Prefix, spans: MessageSpans = NO_SPANS) -> None:
-    """The prompt phase: keep the first `prefix.keep` positions as an earlier walk left them
-    (prefix.py says when that is exact; a checkpointing target restores the slot checkpoint the
-    server restored first), or evaluate them on their own when the context does not hold them or
-    `prefix.rebuild` says its cells were computed another way; then decode the rest of the prompt
-    in the server's batches from there (schedule/prompt.py), as the server does from its n_past."""
-    ctx, keep = slot.ctx, prefix.keep
-    n_prompt = len(prompt)
-    if n_prompt == 0:
-        raise TranscriptError("the prompt has no tokens")
-    if n_prompt >= ctx.n_ctx:
-        raise ModelError(f"the prompt has {n_prompt} tokens but the context holds {ctx.n_ctx}: "
-                         "pass a larger --ctx-size (the server's -c)")
-    if keep >= n_prompt:
-        raise ValueError(f"cannot keep {keep} of {n_prompt} prompt positions: the last one must be decoded")
-    if not prefix.rebuild and list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
-        if prefix.restore is not None:
-            slot.restore(prefix.restore)
-        slot.keep(keep, prefix.checkpoints)
-    else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
-        slot.reset()
-        if keep:
-            slot.prefill(prompt[:keep], spans=MessageSpans(tuple(p for p in spans.user_starts if p < keep)),
-                         output_last=False)
-    slot.prefill(prompt, keep, spans=spans)
-
-
 def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, prefix: Prefix = FRESH,
          spans: MessageSpans = NO_SPANS, chunk: int = 1,
          pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
@@ -125,13 +96,13 @@ def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, p
     The logits are a view of libllama's buffer, valid until the generator is resumed: read them
     before asking for the next token (truths does), copy them to keep them.
 
-    The prompt goes in as `prefill` says. Known ids are decoded `chunk` at a time; a Gap is
+    The prompt goes in as SlotMemory.start says. Known ids are decoded `chunk` at a time; a Gap is
     resolved one token at a time, each step taking, among the tokens whose bytes continue the
     gap, the one the target ranks highest (pieces with the same bytes are told apart by the
     model's own distribution).
     """
     ctx = slot.ctx
-    prefill(slot, prompt, prefix, spans)
+    slot.start(prompt, prefix, spans)
     n_prompt = len(prompt)
     pending = ctx.logits_view(-1)  # scores generated token 0 (views: each is read before the next decode)
     pos = n_prompt

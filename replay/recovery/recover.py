@@ -29,7 +29,7 @@ from ..transcripts.readers import Record, fingerprint, read_source, read_text
 from ..transcripts.request import request_settings
 from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_numerics, numerics_cause
 from .evaluate import PieceIndex, Truth, Unaligned, truths
-from .prefix import plan_checkpointed, plan_prefix
+from ..schedule.prefix import plan_checkpointed, plan_prefix
 from .prompt import message_spans, prompt_ids
 from .repair import Outcome, repair_record, serialise
 from .report import RecordReport, RecoverResult, TokenReport
@@ -194,6 +194,7 @@ class Recoverer:
                                  ctx.n_ubatch, reuse=self.options.reuse_prefix)
         if prefix.note:
             rep.notes.append(prefix.note)
+            rep.prefix_note = prefix.note
         rep.prompt_tokens, rep.reused_prompt_tokens, rep.prefix = len(prompt), prefix.keep, prefix.how
         self._exact_upto = 0  # until this record's evaluation completes
         evaluated: list[Truth] = []

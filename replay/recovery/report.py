@@ -51,6 +51,7 @@ class RecordReport:
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
     prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
+    prefix_note: str | None = None  # prefix.Prefix.note: why the server's cache state could not be rebuilt exactly
     settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
     slots: int | None = None  # the server's slots (None: not known)
     shape: Any = None  # loop/eras.py Shape: the server's loop shape, and why
@@ -159,9 +160,8 @@ class RecoverResult:
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")
             elif r.prefix == "server cache (rebuilt)":
-                why = ("the server took part of this prompt from a cache left by a request that is not in this file, "
-                       "and evaluating those tokens on their own did not rebuild it (see the note); --tolerance 0.3 "
-                       "accepts the difference and keeps the server's real values as sent")
+                why = ((r.prefix_note or "the server took part of this prompt from a cache this file does not show")
+                       + "; --tolerance 0.3 accepts the difference and keeps the server's real values as sent")
             return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
                     f"{r.record}, token {t.index}, {t.note}); {why}")
         return None

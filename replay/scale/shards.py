@@ -2,7 +2,7 @@
 
 Rule: record k depends on record k-1 when the server took prompt tokens from its slot's cache
 (timings.cache_n > 0): those KV cells were computed while serving k-1, and the replay reproduces them
-bit for bit only by evaluating k-1 first in the same context (recovery/prefix.py: plan_prefix, "server
+bit for bit only by evaluating k-1 first in the same context (schedule/prefix.py: plan_prefix, "server
 cache"). Records that merely share a prompt prefix are independent (keeping the prefix is a speed-up,
 exact either way), but are kept together too when they share at least SHARED_CHARS of prompt text, so
 the speed-up survives sharding. A chain is a maximal run of records joined by these rules; a unit is

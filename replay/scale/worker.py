@@ -108,14 +108,14 @@ class Evaluator:
         from ..trace.run import trace_record
         from ..trace.state import ServerState
         opts = self.job.trace
-        state = ServerState(self.flags.get("n_parallel"))  # a unit shares nothing with any other
-        for k in unit.records:
-            emit("start", k)
-            rec = self.records[k]
-            res = trace_record(rec, self.target, flags=self.flags, build=opts.build,
-                               source=opts.source and Path(opts.source), server_state=state.slot(rec),
-                               drafts=self.drafts)
-            emit("done", Traced(k, res.lighten()))
+        with ServerState(self.flags.get("n_parallel")) as state:  # a unit shares nothing with any other
+            for k in unit.records:
+                emit("start", k)
+                rec = self.records[k]
+                res = trace_record(rec, self.target, flags=self.flags, build=opts.build,
+                                   source=opts.source and Path(opts.source), server_state=state.slot(rec),
+                                   drafts=self.drafts)
+                emit("done", Traced(k, res.lighten()))
 
     def close(self) -> None:
         if self.recoverer is not None:

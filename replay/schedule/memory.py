@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..errors import ModelError, TranscriptError
 from ..runtime.llama import Context, Model
 from .builds import rules_of_build
+from .prefix import Prefix
 from .prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
 
 
@@ -91,6 +93,32 @@ class SlotMemory:
                     c.seq_rm(0, n_past, -1)
                 else:
                     c.clear()
+
+    def start(self, prompt: Sequence[int], prefix: Prefix, spans: MessageSpans = NO_SPANS) -> None:
+        """A request's prompt phase: keep the first `prefix.keep` positions as the previous request left
+        them (prefix.py says when that is the server's state; a checkpointing target restores the
+        slot checkpoint the server restored first), or evaluate them on their own when the context
+        does not hold them or `prefix.rebuild` says its cells were computed another way; then decode
+        the rest of the prompt in the server's batches, as the server does from its n_past."""
+        ctx, keep = self.ctx, prefix.keep
+        n_prompt = len(prompt)
+        if n_prompt == 0:
+            raise TranscriptError("the prompt has no tokens")
+        if n_prompt >= ctx.n_ctx:
+            raise ModelError(f"the prompt has {n_prompt} tokens but the context holds {ctx.n_ctx}: "
+                             "pass a larger --ctx-size (the server's -c)")
+        if keep >= n_prompt:
+            raise ValueError(f"cannot keep {keep} of {n_prompt} prompt positions: the last one must be decoded")
+        if not prefix.rebuild and list(ctx.kv_tokens[:keep]) == list(prompt[:keep]):
+            if prefix.restore is not None:
+                self.restore(prefix.restore)
+            self.keep(keep, prefix.checkpoints)
+        else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
+            self.reset()
+            if keep:
+                self.prefill(prompt[:keep], spans=MessageSpans(tuple(p for p in spans.user_starts if p < keep)),
+                             output_last=False)
+        self.prefill(prompt, keep, spans=spans)
 
     def prefill(self, prompt: Sequence[int], n_past: int = 0, *, spans: MessageSpans = NO_SPANS,
                 output_last: bool = True) -> list[PromptBatch]:

@@ -141,7 +141,8 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
              shape: Shape, draft: Model | None, n_probs: int, recorded: Plan | None = None,
              timings: dict | None = None, server_state: dict | None = None, stream: bool = False,
-             spans: MessageSpans = NO_SPANS, recorded_flags: dict | None = None) -> TraceResult:
+             spans: MessageSpans = NO_SPANS, recorded_flags: dict | None = None,
+             cached: int | None = None) -> TraceResult:
     """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
     emits (compare_with_plan)."""
     loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era, n_ctx=ctx.n_ctx or DEFAULT_N_CTX,
@@ -149,7 +150,8 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, flash_attn=ctx.flash_attn,
                            type_k=ctx.cache_type_k, type_v=ctx.cache_type_v, swa_full=ctx.swa_full,
                            server_state=server_state, kv=kv_layout(ctx, recorded_flags),
-                           checkpoints=(ctx.n_ctx_checkpoints, min_step_given(ctx)), spans=spans, build=shape.build)
+                           checkpoints=(ctx.n_ctx_checkpoints, min_step_given(ctx)), spans=spans, build=shape.build,
+                           cached=cached)
     try:
         steps = list(loop.steps())
     finally:
@@ -287,7 +289,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     res = run_loop(target, prompt, settings, spec, ctx, shape=shape, draft=draft,
                    n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
                    server_state=server_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
-                   recorded_flags=rec.flags)
+                   recorded_flags=rec.flags, cached=n_prompt_cached(final))
     res.notes += list(settings.notes)
     if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
@@ -296,12 +298,6 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
         res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
     elif res.reproduced is False:
         res.notes.append(drafts_differ(res, draft is not None))
-    cached = n_prompt_cached(rec.final())
-    if cached:
-        res.notes.append(f"the server took {cached} prompt tokens from its cache (cache_prompt); trace evaluates "
-                         "the prompt from scratch, so its values differ slightly from the server's and a "
-                         "near-tie may sample differently (record with cache_prompt false; recover rebuilds "
-                         "the cache state)")
     return res
 
 

@@ -1,8 +1,8 @@
 """The state a llama-server keeps across requests, per slot, and which records of a JSONL it ties
 together (so that `trace --workers` keeps those in one worker, in order).
 
-trace evaluates every prompt from scratch, so a record depends on earlier ones only through what
-the server keeps across requests (SERVER_LOOP.md section 0 item 6; loop/loop.py `server_state`):
+A record depends on earlier ones through what the server keeps across requests (SERVER_LOOP.md
+section 0 item 6; loop/loop.py `server_state`):
 
 * ngram-mod's hash table, shared by all slots for the server's lifetime: a file whose server ran
   ngram-mod is one chain, in file order;
@@ -12,7 +12,9 @@ the server keeps across requests (SERVER_LOOP.md section 0 item 6; loop/loop.py 
   (loop/draft_model.py, common/speculative.cpp:35-70): a temperature-0 request drafts with its
   slot's last retune, so it follows that slot's earlier records once one of them could have
   retuned; a temperature > 0 request retunes at its first draft and starts afresh, unless the
-  transcript says its server drafted nothing (timings.draft_n 0 or missing).
+  transcript says its server drafted nothing (timings.draft_n 0 or missing);
+* per slot: its memory (the KV cells and context checkpoints the loop left), which a request that
+  took prompt tokens from the server's cache (timings.cache_n > 0) continues.
 
 The slot is the response's id_slot (Record.slot_id); records whose slot is unknown share one.
 Everything else starts from an empty slot either way, so independent records may go anywhere.
@@ -22,8 +24,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from ..loop.drafters import DRAFTERS
+from ..loop.loop import MEMORY
 from ..scale.shards import Unit
 from ..settings import resolve
+from ..transcripts.entries import n_prompt_cached
 from ..transcripts.readers import Record
 from ..transcripts.request import request_settings
 
@@ -57,7 +61,8 @@ class _SlotState(dict):
 
 class ServerState:
     """What one llama-server keeps across the requests of a file: `slot(rec)` is the state dict to
-    trace `rec` with (its slot's, sharing the server-wide entries)."""
+    trace `rec` with (its slot's, sharing the server-wide entries). `close()` frees the slots'
+    contexts (loop/loop.py HeldMemory)."""
 
     def __init__(self, n_parallel: int | None = None) -> None:
         self.n_parallel = n_parallel
@@ -70,10 +75,23 @@ class ServerState:
             self._slots[sid] = _SlotState(self._shared)
         return self._slots[sid]
 
+    def close(self) -> None:
+        for slot in self._slots.values():
+            held = slot.pop(MEMORY, None)
+            if held is not None:
+                held.close()
 
-def _joins_its_slot(types: set[str], draft_sampling: str, temp: float, drafted: bool, retuned: bool) -> bool:
+    def __enter__(self) -> "ServerState":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _joins_its_slot(types: set[str], draft_sampling: str, temp: float, drafted: bool, retuned: bool,
+                    cached: bool = False) -> bool:
     """Does a record continue its slot's earlier state? (module docstring)"""
-    if types & PER_SLOT:
+    if types & PER_SLOT or cached:
         return True
     if "draft-simple" in types and draft_sampling == "probabilistic":
         return retuned and (temp <= 0 or not drafted)
@@ -95,7 +113,8 @@ def trace_units(records: Sequence[Record], flags: Mapping[str, Any],
         timings = (rec.final() or {}).get("timings")
         drafted = isinstance(timings, dict) and bool(timings.get("draft_n"))
         slot = chains.setdefault(sid, [])
-        if slot and _joins_its_slot(types, spec.draft_sampling, temp, drafted, retuned.get(sid, False)):
+        if slot and _joins_its_slot(types, spec.draft_sampling, temp, drafted, retuned.get(sid, False),
+                                    bool(n_prompt_cached(rec.final()))):
             slot[-1].append(k)
         else:
             slot.append([k])

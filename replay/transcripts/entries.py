@@ -114,9 +114,15 @@ def n_prompt_cached(final: dict | None) -> int | None:
 
 
 def drafted(final: dict | None) -> bool | None:
-    """Whether the server ran its speculative loop for this response (timings.draft_n > 0);
-    None if the response does not say."""
-    n = _count(_obj((final or {}).get("timings")).get("draft_n"))
+    """Whether the server ran its speculative loop for this response (timings.draft_n > 0; a server
+    writes draft_n only when the slot drafted, tools/server/server-common.cpp:99-102, so timings
+    without it mean no draft); None if the response has no timings."""
+    timings = (final or {}).get("timings")
+    if not isinstance(timings, dict) or "predicted_n" not in timings:
+        return None
+    if "draft_n" not in timings:
+        return False
+    n = _count(timings.get("draft_n"))
     return n > 0 if n is not None else None
 
 

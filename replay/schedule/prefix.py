@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..schedule.prompt import plan_reuse
+from .prompt import plan_reuse
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class Prefix:
         """The kept cells must be computed afresh (the context may hold the same tokens, computed
         another way)."""
         return self.how == "server cache (rebuilt)"
+
+
+FRESH = Prefix(0, "fresh")
 
 
 def reuse_points(n_prompt: int, n_batch: int, n_ubatch: int) -> range:
@@ -119,10 +122,15 @@ def plan_checkpointed(slot_tokens: Sequence[int], exact_upto: int, prompt: Seque
                 r = type(r)(n_past, c, tuple(k for k in checkpoints if k.pos_max <= pos_next),
                             f"checkpoint at {c.n_tokens} restored")
                 break
-    exact = r.n_past == server_cached and server_cached <= exact_upto
-    if exact:
+    if r.n_past == server_cached and server_cached <= exact_upto:
         return Prefix(server_cached, "server cache", restore=r.restore, checkpoints=r.checkpoints)
-    note = (f"the server took {server_cached} prompt tokens from its cache, left by a request that is not the "
-            "previous record of this file (or not as this replay computed it); they were evaluated on their own "
-            "to rebuild it, which for a sliding-window or recurrent model is not the server's state")
+    if r.n_past == server_cached:
+        note = (f"the server kept {server_cached} prompt tokens from its cache, {server_cached - exact_upto} of them "
+                "tokens the previous record generated, which that server decoded in speculative verify batches; "
+                "recover decodes a reply one token at a time, so those cells were evaluated on their own: not "
+                "the server's state (trace reproduces verify batches)")
+    else:
+        note = (f"the server took {server_cached} prompt tokens from its cache, left by a request that is not the "
+                "previous record of this file (or not as this replay computed it); they were evaluated on their "
+                "own to rebuild it, which for a sliding-window or recurrent model is not the server's state")
     return Prefix(server_cached, "server cache (rebuilt)", note, checkpoints=())

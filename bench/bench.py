@@ -13,7 +13,9 @@ own draft for the speculating server). Measures:
    the shared prefix's KV cells between records (output checked byte-identical), and over the
    same requests recorded with the server's prompt cache on (rebuilt exactly);
 5. recover --workers / -t / --ray over one 64-record JSONL (bench/scale.py), outputs identical;
-6. the patched server's generation speed against the unpatched one, n_probs 0 and 5.
+6. the patched server's generation speed against the unpatched one, n_probs 0 and 5;
+7. Gemma 3 270M (sliding window: the prompt cut for checkpoints; a 262,144-token vocabulary):
+   recover vs raw decode of the same batches vs an unspeculated server regenerating.
 
 Timed pairs are measured alternately, three times, and the fastest of each is compared.
 """
@@ -68,12 +70,17 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def raw_decode(ctx: Context, prompt: list[int], generated: list[int]) -> float:
+def raw_decode(ctx: Context, prompt: list[int], generated: list[int], cuts: list[int] | None = None) -> float:
     """The lower bound: in the very context recover used (same n_ctx, batch sizes, threads, attention
-    and KV types), the prompt in one batch, then one decode per generated token, nothing else."""
+    and KV types), the prompt in the batches recover decoded it in (`cuts`: their sizes; None: one
+    batch), then one decode per generated token, nothing else."""
     ctx.clear()
     t = time.perf_counter()
-    ctx.decode(prompt, 0, [False] * (len(prompt) - 1) + [True])
+    start = 0
+    for size in cuts or [len(prompt)]:
+        part = prompt[start:start + size]
+        ctx.decode(part, start, [False] * (len(part) - 1) + [start + size == len(prompt)])
+        start += size
     pos = len(prompt)
     for tok in generated[:-1]:
         ctx.decode([tok], pos, [True])
@@ -125,6 +132,44 @@ def shared_prefix(spec_info: dict, spec: LlamaServer, smol: Path, model: Model,
         ["server used its prompt cache: first-token values vs the server's", f"max |diff| {first:.2g}",
          f"{sc['reused_prompt_tokens']} of {sc['prompt_tokens']} prompt tokens from the server's cache, {t_c:.1f} s; "
          f"{len(later)} later real entries within {max(later, default=0):.2g}", "0"],
+    ]
+
+
+def gemma_rows(bins) -> list[list]:
+    """Gemma 3 270M Q4_K_M: sliding-window attention (its prompt cut for checkpoints: three batches
+    for a 787-token prompt) and a 262,144-token vocabulary (5.3x SmolLM2's: each token's pre-sampling
+    probabilities cost more). recover over a 200-token transcript of a speculating server vs raw
+    libllama decoding the same tokens in the same batches, vs regenerating with an unspeculated server."""
+    gemma = models.gemma3()
+    story = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the "
+             "weather in his book. ")
+    b = body(200, prompt=story * 34 + "What happened next?")
+    spec_cfg = ServerConfig(gemma, draft_model=gemma, spec_types=("draft-simple",), n_ctx=4096)
+    with LlamaServer(spec_cfg, binary=bins.server) as spec, \
+            LlamaServer(ServerConfig(gemma, n_ctx=4096), binary=bins.server) as plain:
+        t = record_one(spec.url, RequestItem("/completion", b), spec.config.flags_block())
+        model = Model(gemma)
+        r = Recoverer(model)
+        r.recover(read_text(dumps(t), "warm.json")[0])
+        t_rec, t_raw, t_plain = [], [], []
+        for _ in range(REPS):
+            rep, dt = timed(lambda: r.recover(read_text(dumps(t), "gemma.json")[0]))
+            assert rep.report.recovered, "recover did not recover the Gemma transcript"
+            t_rec.append(dt)
+            t_raw.append(raw_decode(r._slot.ctx, t["prompt_tokens"], t["response"]["tokens"],
+                                    rep.report.schedule["prompt_batches"]))
+            t_plain.append(timed(lambda: post_json(plain.url, "/completion", {**b, "cache_prompt": False}))[1])
+        cuts = rep.report.schedule["prompt_batches"]
+        r.close()
+        model.close()
+    n = len(rep.report.tokens)
+    t_rec, t_raw, t_plain = map(min, (t_rec, t_raw, t_plain))
+    return [
+        ["recover throughput / raw libllama decode (same schedule)", f"{(n / t_rec) / (n / t_raw):.2f}x",
+         f"{n / t_rec:.1f} vs {n / t_raw:.1f} tok/s; prompt {len(t['prompt_tokens'])} tokens in batches "
+         f"{'+'.join(map(str, cuts))}", ">= 0.9x"],
+        ["recover time / regenerating with an unspeculated server", f"{t_rec / t_plain:.2f}x",
+         f"{t_rec:.2f} s vs {t_plain:.2f} s (server already running)", "<= 1x"],
     ]
 
 
@@ -208,6 +253,8 @@ def main() -> None:
         scale_rows = workers_rows(spec, spec_info, smol, tmp)
     # --- 6: the patched server's cost ----------------------------------------------------------
     scale_rows += patched_server_rows(smol)
+    # --- 7: Gemma 3 (sliding window, 262k vocabulary) ---------------------------------------------
+    g_rows = gemma_rows(bins)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"SmolLM2-135M Q4_1, llama-server {bins.build_info}")
     print(tabulate(rows, headers=["measure", "ratio", "figures", "target"]))
@@ -225,6 +272,8 @@ def main() -> None:
     print(tabulate(prefix_rows, headers=["records sharing a 1,274-token prompt", "ratio", "figures", "target"]))
     print()
     print(tabulate(scale_rows, headers=["scale (2 cores)", "ratio", "figures", "target"]))
+    print()
+    print(tabulate(g_rows, headers=["Gemma 3 270M Q4_K_M, 200 tokens", "ratio", "figures", "target"]))
     print(f"\nbenchmark wall time: {time.perf_counter() - t_all:.0f} s")
 
 

@@ -4,7 +4,7 @@ Tiers, by marker (pyproject.toml):
 
     build         needs a llama.cpp program built by our CMakeLists.txt (first use: minutes)
     live_server   starts a real llama-server
-    model         needs SmolLM2 (fetched into the cache on first use)
+    model         needs a real model: SmolLM2 or Gemma 3 (fetched into the cache on first use)
 
 `pytest -m "not build and not live_server and not model"` is the quick tier: it builds and
 downloads nothing. The fixtures below enforce the markers: a test that uses a build, a server
@@ -38,7 +38,8 @@ binding.load()
 
 
 # what each fixture needs; a test whose fixtures (transitively) need a marker must carry it
-NEEDS = {"b11434": ("build",), "smollm2": ("model",), "smollm2_draft": ("model", "build"),
+NEEDS = {"b11434": ("build",), "smollm2": ("model",), "smollm2_draft": ("model", "build"), "gemma3": ("model",),
+         "gemma3_draft": ("model", "build"),
          "start_server": ("build", "live_server"), "module_server": ("build", "live_server")}
 
 
@@ -79,6 +80,17 @@ def smollm2() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_draft(b11434, smollm2) -> Path:
     return models.smollm2_draft(b11434.quantize)
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    """Gemma 3 270M Q4_K_M: sliding-window attention (window 512), a 262,144-token vocabulary, no chat template."""
+    return models.gemma3()
+
+
+@pytest.fixture(scope="session")
+def gemma3_draft(b11434, gemma3) -> Path:
+    return models.gemma3_draft(b11434.quantize)
 
 
 class _Servers:

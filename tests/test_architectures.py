@@ -9,6 +9,10 @@
 For each, like the tiny Llama: trace token-exact on 20 seeds (draft-simple greedy at t 0 and 1,
 probabilistic at t 1, an n-gram drafter), recover exact against the unspeculated server, the server
 patch bit-exact (patch --verify's checks), and the distribution lab's server and trace paths unbiased.
+
+The quantized pairs (Gemma 3 Q4_0, Qwen 3 Q8_0, Granite hybrid Q4_0 at width 32) are where a wrong
+prompt schedule shows: on quantized weights the batch shape changes the values (F32 barely moves),
+so each is shown to reject the schedule the server does not run, and traced token-exact.
 """
 from __future__ import annotations
 
@@ -39,8 +43,12 @@ NGRAM = {"gemma3": ("ngram-simple", {"ngram_simple_size_n": 2, "ngram_simple_siz
          "granitehybrid": ("ngram-map-k", {"ngram_map_k_size_n": 2, "ngram_map_k_size_m": 8})}
 
 
-def files(arch: str) -> tuple[Path, Path]:
-    return FIXTURES / f"tiny-{arch}-target.gguf", FIXTURES / f"tiny-{arch}-draft.gguf"
+QUANTIZED = {"gemma3": "q4_0", "qwen3": "q8_0", "granitehybrid": "q4_0"}  # fixtures/make_tiny_arch.py
+
+
+def files(arch: str, quantized: bool = False) -> tuple[Path, Path]:
+    q = f"-{QUANTIZED[arch]}" if quantized else ""
+    return FIXTURES / f"tiny-{arch}{q}-target.gguf", FIXTURES / f"tiny-{arch}{q}-draft.gguf"
 
 
 def _config(arch: str, mode: str) -> tuple[ServerConfig, Path | None, float]:
@@ -156,3 +164,59 @@ def test_the_servers_loop_and_trace_keep_the_target_distribution(arch, b11434):
         assert p.verdict == "preserves", (p.key, p.counts, res.reference, p.p_value)
     for a, b, same, n in res.agreements():
         assert same == n, (a, b, same, n)
+
+
+LONG_PROMPT = "hello world, the cat sat on the mat and the dog " * 4  # 120 tokens: cut into [n - 4, 4]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_quantized_fixture_refuses_the_prompt_schedule_the_server_does_not_run(arch, start_server, tmp_path,
+                                                                                 monkeypatch):
+    """The server cuts a sliding-window or hybrid target's prompt (schedule/prompt.py) and not a plain
+    transformer's: recover with the server's schedule is exact; with the other one (the cut left out,
+    as before it was reproduced; or, for Qwen 3, added) the first token's real value disagrees beyond
+    the tolerance and recover refuses in one line."""
+    import replay.recovery.recover as recover_mod
+    from replay.schedule.memory import checkpoint_rules
+    from cli_helpers import one_error, run
+    target = files(arch, quantized=True)[0]
+    srv = start_server(ServerConfig(target, n_ctx=256))
+    src = tmp_path / "plain.jsonl"
+    src.write_text("".join(dumps(record_one(srv.url, RequestItem("/completion", {
+        "prompt": LONG_PROMPT, "n_predict": 16, "n_probs": 3, "temperature": 1.0, "seed": s}), srv.config.flags_block()),
+        indent=None) + "\n" for s in (1, 2, 3)))
+    good = run("recover", src, "-m", target, "-o", tmp_path / "good.jsonl", "--json")
+    assert good.exit_code == 0, good.output
+    reps = json.loads(good.stdout)["records"]
+    cuts = arch != "qwen3"
+    assert all(r["schedule"]["checkpoints"] is cuts and r["summary"]["max_abs_diff_real"] <= 5e-4 for r in reps)
+
+    def other(model, removes, **kw):
+        rules = checkpoint_rules(model, removes, **kw)
+        return type(rules)(not rules.enabled, rules.n_ctx_checkpoints, rules.min_step, rules.build)
+    monkeypatch.setattr(recover_mod, "checkpoint_rules", other)
+    worst = max(r.summary()["max_abs_diff_real"] for r in recover_mod.recover(src, target).records)
+    assert worst > 5e-4, f"{arch}: the wrong schedule is within the tolerance ({worst:.2e}): the fixture proves nothing"
+    err = one_error(run("recover", src, "-m", target, "-o", tmp_path / "bad.jsonl"))
+    assert "token 0" in err, err
+    print(f"\n{arch} {QUANTIZED[arch]}: the wrong prompt schedule is {worst:.2e} off")
+
+
+@pytest.mark.parametrize("mode", ["greedy-t1", "probabilistic-t1"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_trace_reproduces_the_server_on_each_quantized_fixture(arch, mode, start_server, tmp_path):
+    target, draft = files(arch, quantized=True)
+    cfg = ServerConfig(target, draft_model=draft, spec_types=("draft-simple",), n_ctx=256,
+                       draft_sampling="probabilistic" if mode == "probabilistic-t1" else None)
+    srv = start_server(cfg)
+    recs = [record_one(srv.url, RequestItem("/completion", {"prompt": p, "n_predict": 32, "n_probs": 3,
+                                                            "temperature": 1.0, "seed": s}), cfg.flags_block())
+            for s in range(1, 6) for p in (PROMPT, LONG_PROMPT)]
+    src = tmp_path / "all.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in recs))
+    r = CliRunner().invoke(main, ["trace", str(src), "-m", str(target), "-md", str(draft), "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    got = json.loads(r.stdout)["records"]
+    assert all(x["reproduced"] for x in got), [(x["first_divergence"], x["divergence"]) for x in got
+                                               if not x["reproduced"]][:2]
+    assert sum(x["draft_n"] for x in got) > sum(x["draft_n_accepted"] for x in got) > 0

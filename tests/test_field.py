@@ -16,103 +16,20 @@ The draft is SmolLM2 quantised to Q2_K, so drafts are rejected as well as accept
 from __future__ import annotations
 
 import json
-import math
 import threading
 from pathlib import Path
 
 import pytest
 
 from cli_helpers import one_error, run
+from field_helpers import check_recovered as _check_recovered, record as _record, settings_of as _settings, \
+    spec_args as _spec, trace as _trace
 from replay.llamacpp.models import SMOLLM2_FILE_DEFAULTS, smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import RequestItem, record_one, server_snapshot
-from replay.transcripts.entries import sent_entries
-from replay.transcripts.format import dumps, stream_objects
+from replay.llamacpp.record import server_snapshot
+from replay.transcripts.format import stream_objects
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
-TOL = 5e-4
-
-
-def _entries(t: dict):
-    if t["stream"]:
-        return sent_entries(t["endpoint"], events=stream_objects(t))
-    return sent_entries(t["endpoint"], t["response"])
-
-
-def _record(srv: LlamaServer, endpoint: str, body: dict, snapshot: dict | None = None) -> dict:
-    return record_one(srv.url, RequestItem(endpoint, body), srv.config.flags_block(), snapshot=snapshot)
-
-
-def _check_recovered(spec: dict, plain: dict, model: Path, tmp_path: Path, case: str, *,
-                     spec_args: tuple = (), concurrent: bool = False) -> dict:
-    """recover the speculative transcript; its values must be the plain server's wherever the two
-    runs emitted the same tokens. Where they part (a draw near a boundary that the speculating
-    server's own numerics moved: its KV is built by verify batches), tracing the plain transcript
-    with the speculative flags must part at the same token and explain it by numerics. Returns the
-    record's JSON report."""
-    src = tmp_path / f"{case}.json"
-    src.write_text(dumps(spec))
-    out = tmp_path / f"{case}.repaired.json"
-    r = run("recover", src, "-m", model, "-o", out, "--json")
-    assert r.exit_code == 0, r.output
-    rep = json.loads(r.stdout)["records"][0]
-    c = rep["summary"]["counts"]
-    assert c["mismatch"] == c["unaligned"] == 0 and "error" not in rep, rep.get("error") or rep["notes"]
-    assert c["placeholder"] + c["missing"] > 0, "nothing was speculated: the case proves nothing"
-    if rep["numerics"]["cause"] is not None:
-        assert concurrent and rep["numerics"]["weighted_mean_diff_real"] <= 0.25
-    fixed, truth = _aligned(_entries(json.loads(out.read_text())), _entries(plain))
-    ids_f, ids_t = [f.id for f in fixed], [t.id for t in truth]
-    same = next((k for k, (a, b) in enumerate(zip(ids_f, ids_t)) if a != b), min(len(ids_f), len(ids_t)))
-    if same < min(len(ids_f), len(ids_t)) and not concurrent:
-        tr = _trace(plain, model, tmp_path, f"{case}-plain", *spec_args)[0]
-        assert tr["divergence"] and tr["divergence"]["cause"] == "numerics", (same, tr["divergence"])
-        print(f"\n{case}: the runs part at token {same}: {tr['divergence']['text']}")
-    assert same >= 8 or concurrent, f"only {same} tokens in common with the unspeculated run"
-    filled = {t["index"] for t in rep["tokens"] if t["status"] in ("placeholder", "missing")}
-    worst = 0.0
-    for k, (f, t) in enumerate(zip(fixed[:same], truth[:same])):
-        assert f.kind == t.kind and [x[0] for x in f.top] == [x[0] for x in t.top], (f, t)
-        if concurrent and k not in filled:
-            continue  # the server's own values, batched with other requests, kept as sent
-        for a, b in [(f.logprob, t.logprob)] + [(x[2], y[2]) for x, y in zip(f.top, t.top)]:
-            if math.isfinite(a) or math.isfinite(b):
-                worst = max(worst, abs(a - b))
-    assert worst <= TOL, f"{case}: recover vs unspeculated server: max |diff| {worst:.2e}"
-    print(f"\n{case}: max |recovered - unspeculated| {worst:.2e} over {same} tokens")
-    rep["compared_with_unspeculated"] = same
-    return rep
-
-
-def _aligned(fixed: list, truth: list) -> tuple[list, list]:
-    """The repaired file holds entries for tokens the server held back (they ended inside a UTF-8
-    character, so it sent nothing for them): drop those to line the two up."""
-    out, j = [], 0
-    for t in truth:
-        while j < len(fixed) and fixed[j].id != t.id and fixed[j].token == "" and t.token != "":
-            j += 1
-        if j == len(fixed):
-            break
-        out.append(fixed[j])
-        j += 1
-    return out, truth[:len(out)]
-
-
-def _trace(spec: dict | list[dict], model: Path, tmp_path: Path, case: str, *extra: str) -> list[dict]:
-    src = tmp_path / f"{case}.trace.jsonl"
-    src.write_text("".join(dumps(t, indent=None) + "\n" for t in (spec if isinstance(spec, list) else [spec])))
-    r = run("trace", src, "-m", model, "--json", *extra)
-    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
-    d = json.loads(r.stdout)
-    return d["records"] if "records" in d else [d]
-
-
-def _spec(draft: Path) -> tuple[str, ...]:
-    return ("-md", str(draft), "--spec-type", "draft-simple")
-
-
-def _settings(rep: dict) -> dict[str, tuple]:
-    return {s["setting"]: (s["value"], s["source"]) for s in rep["settings"]}
 
 
 @pytest.fixture

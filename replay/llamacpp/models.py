@@ -100,20 +100,28 @@ def gemma3() -> Path:
 
 def smollm2_draft(quantize: Path | None = None) -> Path:
     """SmolLM2 requantised to SMOLLM2_DRAFT_TYPE with the built llama-quantize."""
-    dst = models_dir() / f"SmolLM2-135M-Instruct.{SMOLLM2_DRAFT_TYPE}-from-Q4_1.gguf"
+    return _requantized(smollm2(), models_dir() / f"SmolLM2-135M-Instruct.{SMOLLM2_DRAFT_TYPE}-from-Q4_1.gguf",
+                        SMOLLM2_DRAFT_TYPE, quantize)
+
+
+def gemma3_draft(quantize: Path | None = None) -> Path:
+    """Gemma 3 270M requantised to Q2_K: a draft that disagrees with the target often enough to be rejected."""
+    return _requantized(gemma3(), models_dir() / "gemma-3-270m.Q2_K-from-Q4_K_M.gguf", "Q2_K", quantize)
+
+
+def _requantized(target: Path, dst: Path, qtype: str, quantize: Path | None) -> Path:
     if dst.is_file():
         return dst
-    target = smollm2()
     if quantize is None:
         from .build import ensure_built
         quantize = ensure_built().quantize
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         out = Path(tmp) / "draft.gguf"
-        r = subprocess.run([str(quantize), "--allow-requantize", str(target), str(out), SMOLLM2_DRAFT_TYPE, "2"],
+        r = subprocess.run([str(quantize), "--allow-requantize", str(target), str(out), qtype, "2"],
                            capture_output=True, text=True)
         if r.returncode != 0 or not out.is_file():
             last = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["no output"])[-1]
-            raise BuildError(f"llama-quantize failed making the SmolLM2 draft: {last}")
+            raise BuildError(f"llama-quantize failed making {dst.name}: {last}")
         _atomic_place(out, dst)
     return dst
 

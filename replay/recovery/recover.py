@@ -20,7 +20,7 @@ from ..runtime.backend import kernels_differ, replay_backend, server_backend
 from ..runtime.binding import loaded_path
 from ..runtime.llama import Context, Model
 from ..schedule.builds import rules_of_build
-from ..schedule.memory import SlotMemory, checkpoint_rules, min_step_given
+from ..schedule.memory import SlotMemory, checkpoint_rules, min_step_given, schedule_of
 from ..schedule.prompt import NO_SPANS
 from ..settings import BY_ATTR, ContextConfig, kv_layout, resolve
 from ..transcripts.entries import drafted, n_generated, n_prompt_cached
@@ -263,12 +263,6 @@ class Recoverer:
                              speculative=speculative, piece=self.text, missing_reason=reason)
             outcomes.append(Outcome(t, slot, owns, report))
         return outcomes
-
-
-def schedule_of(slot: SlotMemory, spans) -> dict:
-    """The prompt schedule a record was evaluated with, for its report."""
-    return {"checkpoints": slot.rules.enabled, "prompt_batches": [b.end - b.start for b in slot.last_batches],
-            "checkpoints_at": [c.n_tokens for c in slot.checkpoints], "user_message_starts": list(spans.user_starts)}
 
 
 def recover(source: str | Path | dict | list, model: Model | str | Path, *, request: dict | None = None,

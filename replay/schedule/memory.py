@@ -50,6 +50,13 @@ def checkpoint_rules(model: Model, removes_suffixes: bool, *, n_ctx_checkpoints:
                            min_step=rules.min_step if min_step is None else min_step, build=rules)
 
 
+def schedule_of(slot: "SlotMemory", spans: MessageSpans) -> dict:
+    """The prompt schedule a request was evaluated with, for reports: whether the target checkpoints,
+    the sizes of the last prompt's batches, the slot's checkpoints and the user-message starts."""
+    return {"checkpoints": slot.rules.enabled, "prompt_batches": [b.end - b.start for b in slot.last_batches],
+            "checkpoints_at": [c.n_tokens for c in slot.checkpoints], "user_message_starts": list(spans.user_starts)}
+
+
 def min_step_given(cfg) -> int | None:
     """--checkpoint-min-step when it was given (our flags, the transcript's), else None: the build's default."""
     return None if cfg.sources.get("checkpoint_min_step", "default") == "default" else cfg.checkpoint_min_step

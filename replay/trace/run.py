@@ -21,7 +21,7 @@ from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.eras import NEWEST, Shape, shape_for
 from ..recovery.prompt import message_spans, prompt_ids
-from ..schedule.memory import min_step_given
+from ..schedule.memory import min_step_given, schedule_of
 from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..runtime.binding import loaded_path
 from ..runtime.gguf import check_gguf
@@ -57,6 +57,7 @@ class TraceResult:
     settings: Effective | None = None  # the sampling settings, and where each came from
     compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
     explanation: Explanation | None = None  # why it diverged (trace/divergence.py)
+    schedule: dict | None = None  # the prompt batches and the slot's checkpoints (schedule/), as recover reports them
 
     @property
     def reproduced(self) -> bool | None:
@@ -93,6 +94,7 @@ class TraceResult:
                 "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
                 "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
+            "schedule": self.schedule,
         }
 
     def described(self) -> list[tuple[str, Any, str]]:
@@ -154,6 +156,7 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
                            cached=cached)
     try:
         steps = list(loop.steps())
+        schedule = schedule_of(loop.memory, spans)
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]
@@ -169,7 +172,7 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
     return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded_ids,
                        div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
                        post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
-                       spec=spec, settings=settings, compared=compared)
+                       spec=spec, settings=settings, compared=compared, schedule=schedule)
 
 
 # --- what a transcript recorded --------------------------------------------------------

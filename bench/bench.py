@@ -1,6 +1,6 @@
 """spec-replay benchmark: every figure measured side by side in one run, printed as ratios.
 
-    python3 bench/bench.py            # under 10 minutes on 2 cores (11.3 with the 4,000-token and 1,000-record rows)
+    python3 bench/bench.py            # 869 s on a 2-core AVX2 machine (2026-12-01), Gemma 3 included
 
 SmolLM2-135M Q4_1 on CPU, the b11434 llama-server built by our CMakeLists.txt (SmolLM2 as its
 own draft for the speculating server). Measures:

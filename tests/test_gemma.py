@@ -256,3 +256,18 @@ def test_requests_that_reuse_the_prompt_cache(start_server, gemma3, gemma3_draft
         else:
             assert all(x["summary"]["max_abs_diff_real"] <= TOL for x in reps)
             assert all(tr["reproduced"] is True for tr in traced), [(t["first_divergence"], t["notes"]) for t in traced]
+
+
+@pytest.mark.parametrize("flags", [{"n_ctx_checkpoints": 0}, {"swa_full": True}], ids=["ctx-checkpoints-0", "swa-full"])
+def test_a_server_that_does_not_checkpoint_does_not_cut(start_server, gemma3, tmp_path, flags):
+    """--ctx-checkpoints 0, or --swa-full (the whole window kept: n_swa 0): no checkpoints, so the prompt
+    goes in one batch; recorded in server.flags, the replay follows."""
+    srv = start_server(ServerConfig(gemma3, n_ctx=N_CTX, **flags))
+    p = record(srv, "/completion", {"prompt": LONG, "n_predict": 24, "n_probs": 3, "temperature": 1.0, "seed": 2})
+    src = tmp_path / "plain.json"
+    src.write_text(dumps(p))
+    r = run("recover", src, "-m", gemma3, "-o", tmp_path / "out.json", "--json")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.stdout)["records"][0]
+    assert rep["schedule"]["checkpoints"] is False and rep["schedule"]["prompt_batches"] == [787]
+    assert rep["summary"]["max_abs_diff_real"] <= TOL

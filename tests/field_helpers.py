@@ -111,6 +111,9 @@ def aligned(fixed: list, truth: list) -> tuple[list, list]:
     character, so it sent nothing for them): drop those to line the two up."""
     out, j = [], 0
     for t in truth:
+        # an inserted entry (its text may be the valid start of a character the next token completes)
+        while j + 1 < len(fixed) and fixed[j].id != t.id and fixed[j + 1].id == t.id:
+            j += 1
         while j < len(fixed) and fixed[j].id != t.id and fixed[j].token == "" and t.token != "":
             j += 1
         if j == len(fixed):

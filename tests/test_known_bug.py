@@ -7,6 +7,11 @@ list. The same request to a server without speculation returns real values
 for every token, and the tokens themselves are the same: the server's
 sample-and-match verification runs the target sampler once per emitted
 position with the same RNG stream (SERVER_LOOP.md section 0, item 3).
+A token sampled outside the loop keeps its real values: with one token of
+n_predict left the server cannot draft (get_n_draft_max: n_remaining - 1 = 0,
+server-context.cpp:517-536), so the last token is real when the steps before
+it leave exactly one; where that happens depends on how many drafts the
+verification accepted (on this machine's kernels or another's).
 """
 from __future__ import annotations
 
@@ -33,6 +38,12 @@ def _record(server, endpoint, body):
     return record_one(server.url, RequestItem(endpoint, body), server.config.flags_block())
 
 
+def _outside_the_loop(k: int, n: int, n_predict: int) -> bool:
+    """Can entry k of n be a token sampled outside the speculative loop? The first (the prompt batch's),
+    and the last of a response that reached n_predict (no room left to draft)."""
+    return k == 0 or (k == n - 1 and n == n_predict)
+
+
 def _generated_ids(t):
     if t["endpoint"] == "/completion":
         return t["response"]["tokens"]
@@ -48,9 +59,11 @@ def test_chat_logprobs_are_placeholders_after_the_first_token(self_draft_server,
     assert len(spec_probs) == len(plain_probs) >= 8
     assert [p.id for p in spec_probs] == [p.id for p in plain_probs], "speculation changed the tokens"
 
-    first, rest = spec_probs[0], spec_probs[1:]
+    first = spec_probs[0]
     assert first.logprob < 0 and len(first.top) == 3
-    assert all(p.logprob == 0.0 and p.top == () for p in rest), [(p.token, p.logprob, len(p.top)) for p in rest]
+    inside = [p for k, p in enumerate(spec_probs) if not _outside_the_loop(k, len(spec_probs), CHAT["max_tokens"])]
+    assert len(inside) >= 8 and all(p.logprob == 0.0 and p.top == () for p in inside), \
+        [(p.token, p.logprob, len(p.top)) for p in inside]
     assert all(p.logprob < 0 and len(p.top) == 3 for p in plain_probs)
     assert spec["response"]["timings"]["draft_n"] > 0
 
@@ -65,8 +78,9 @@ def test_completion_post_sampling_probs_are_placeholders(self_draft_server, plai
     assert len(spec_entries) == len(plain_entries) >= 8
 
     assert spec_entries[0]["prob"] < 1.0 and len(spec_entries[0]["top_probs"]) == 3
-    for e in spec_entries[1:]:
-        assert e["prob"] == 1.0 and e["top_probs"] == [], e
+    for k, e in enumerate(spec_entries):
+        if not _outside_the_loop(k, len(spec_entries), COMPLETION["n_predict"]):
+            assert e["prob"] == 1.0 and e["top_probs"] == [], (k, e)
     for e in plain_entries:
         assert 0.0 < e["prob"] <= 1.0 and len(e["top_probs"]) >= 1
     assert any(e["prob"] < 1.0 for e in plain_entries[1:])

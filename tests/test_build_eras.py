@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 
 @pytest.fixture(scope="module")
 def b11368():
-    return ensure_built(BuildSpec("b11368"))
+    return ensure_built(BuildSpec("b11368", cpu="native"))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])

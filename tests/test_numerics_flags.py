@@ -95,10 +95,9 @@ def test_sliding_window_cache_size_is_replayed(swa_full, start_server, tmp_path)
 
 
 @pytest.fixture(scope="module")
-def generic_server():
-    """b11434 built with GGML_NATIVE=OFF: baseline x86-64 kernels, not the replay's native ones."""
-    from replay.llamacpp.build import BuildSpec, ensure_built
-    return ensure_built(BuildSpec("b11434", cpu="generic"))
+def generic_server(b11434):
+    """b11434's x64 CPU variant (baseline x86-64 kernels, SSE2), not the replay's native ones."""
+    return b11434.with_cpu("x64")
 
 
 def test_a_server_with_other_kernels_is_filled_kept_measured_and_reported(generic_server, smollm2, smollm2_draft,
@@ -113,7 +112,7 @@ def test_a_server_with_other_kernels_is_filled_kept_measured_and_reported(generi
     src.write_text("".join(dumps(t, indent=None) + "\n" for t in recs))
     out = tmp_path / "fixed.jsonl"
     r = CliRunner().invoke(main, ["recover", str(src), "-m", str(smollm2), "-o", str(out), "--json",
-                                  "--server-backend", "x86-64 baseline kernels (GGML_NATIVE=OFF)"])
+                                  "--server-backend", "x86-64 baseline kernels (the x64 CPU variant)"])
     assert r.exit_code == 0, r.output[-1500:]
     reps = json.loads(r.stdout)["records"]
     for rep in reps:

@@ -122,9 +122,9 @@ def test_without_probabilities_the_patch_changes_nothing(patched_b11434, b11434,
 @pytest.mark.model
 @pytest.mark.live_server
 def test_patched_0c1e570_server_reports_real_values(smollm2, smollm2_draft):
-    unpatched = ensure_built(BuildSpec("0c1e570"))
+    unpatched = ensure_built(BuildSpec("0c1e570", cpu="native"))
     diff = server_patch(pinned_tree("0c1e570")).diff
-    patched = ensure_built(BuildSpec("0c1e570", patch=saved_patch(diff, "server-0c1e570")))
+    patched = ensure_built(BuildSpec("0c1e570", patch=saved_patch(diff, "server-0c1e570"), cpu="native"))
     setups = [s for s in default_setups(smollm2, smollm2_draft, models.tiny_target(), models.tiny_draft())
               if s.name in ("smol draft-simple greedy t1", "smol ngram-mod t0")]
     setups = [type(s)(**{**s.__dict__, "endpoints": ("/completion",)}) for s in setups]

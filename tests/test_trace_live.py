@@ -99,7 +99,7 @@ def test_rejection_steps_are_shown_with_their_draws(self_draft_server, smollm2, 
 def server_0c1e570():
     """llama-server built from llama-cpp-python 0.3.36's vendored llama.cpp (0c1e570)."""
     from replay.llamacpp.build import BuildSpec, ensure_built
-    return ensure_built(BuildSpec("0c1e570"))
+    return ensure_built(BuildSpec("0c1e570", cpu="native"))
 
 
 @pytest.mark.parametrize("types,temp", [(("draft-simple",), 0.0), (("draft-simple",), 1.0), (("ngram-mod",), 0.0)],

@@ -18,8 +18,10 @@ from .lab import progress_printer
 @click.option("--source", type=click.Path(file_okay=False, path_type=Path), envvar="LLAMA_CPP_SOURCE_DIR",
               help="build this llama.cpp tree instead (env LLAMA_CPP_SOURCE_DIR)")
 @click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="apply this -p1 patch to a copy first")
-@click.option("--cpu", type=click.Choice(("native", "generic")), default="native", show_default=True,
-              help="generic: GGML_NATIVE=OFF, baseline x86-64 kernels (a server whose numerics differ from the replay's)")
+@click.option("--cpu", type=click.Choice(("variants", "native", "generic")), default="variants", show_default=True,
+              help="variants: as upstream builds releases, one libggml-cpu-<variant>.so per x86 level (the replay can "
+                   "then load the one a transcript's server computed with); native: -march=native; generic: "
+                   "GGML_NATIVE=OFF, baseline x86-64 kernels")
 @click.option("-j", "--jobs", default=2, show_default=True)
 @click.option("-q", "--quiet", is_flag=True)
 @handle_errors

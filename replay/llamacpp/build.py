@@ -9,6 +9,8 @@ trees coexist:
     0c1e570                llama-cpp-python==0.3.36's vendor/llama.cpp
     src-<sha12 of path>    LLAMA_CPP_SOURCE_DIR=<any checkout>
     <key>-p<sha12 of patch>  the same source with a patch applied to a copy
+    <key>-variants         built as upstream builds releases: every CPU variant (the default)
+    <key>-generic          GGML_NATIVE=OFF, one baseline ggml-cpu; a bare <key> is -march=native
 
 `ensure_built()` is a no-op (no cmake call) once the key's manifest exists.
 The key rule is also written in CMakeLists.txt; `tests/test_build.py` checks
@@ -41,7 +43,9 @@ class BuildSpec:
     profile: str = DEFAULT_PROFILE
     source_dir: Path | None = None
     patch: Path | None = None
-    cpu: str = "native"  # "generic": GGML_NATIVE=OFF, baseline kernels (numerics differ from the replay's)
+    # "variants": as upstream builds releases, one libggml-cpu-<variant>.so per x86 level (the default;
+    # runtime/cpu_variants.py); "native": -march=native, one ggml-cpu linked in; "generic": GGML_NATIVE=OFF
+    cpu: str = "variants"
 
     @property
     def key(self) -> str:
@@ -53,8 +57,8 @@ class BuildSpec:
             key = self.profile
         if self.patch is not None:
             key += "-p" + hashlib.sha256(Path(self.patch).read_bytes()).hexdigest()[:12]
-        if self.cpu == "generic":
-            key += "-generic"
+        if self.cpu != "native":
+            key += "-" + self.cpu
         return key
 
 
@@ -82,6 +86,38 @@ class Binaries:
     def build_info(self) -> str:
         """What the server reports as build_info / system_fingerprint."""
         return f"b{self.manifest['build_number']}-{self.manifest['build_commit']}"
+
+    @property
+    def cpu_variants(self) -> list[str]:
+        """The CPU variants of a release-style build (empty: one ggml-cpu linked in)."""
+        from ..kernels.variants import variants_in
+        return variants_in(self.bin_dir)
+
+    def with_cpu(self, variant: str) -> "Binaries":
+        """These programs in a directory of their own beside which lies only the `variant` CPU backend,
+        so that llama-server computes with it on any host that runs it (a host picks the best backend
+        among those in the executable's directory: ggml-backend-reg.cpp:480-572), as a release binary
+        does on a machine whose best variant that is. The programs are hard links (the directory
+        scanned is the one the program was started from), the libraries symbolic links."""
+        from ..kernels.variants import PREFIX, library_of
+        if variant not in self.cpu_variants:
+            raise BuildError(f"{self.key} has no {variant} CPU variant (it has {', '.join(self.cpu_variants) or 'none'}: "
+                             "build with --cpu variants)")
+        where = self.bin_dir.parent / "cpu" / variant
+        where.mkdir(parents=True, exist_ok=True)
+        for f in self.bin_dir.iterdir():
+            if not f.is_file() or (f.name.startswith(PREFIX) and f != library_of(self.bin_dir, variant)):
+                continue
+            dest = where / f.name
+            if dest.exists() and os.path.samefile(dest, f):
+                continue
+            if dest.exists() or dest.is_symlink():  # a stale link of an earlier build of this key
+                dest.unlink()
+            if ".so" in f.name:
+                dest.symlink_to(f)
+            else:
+                os.link(f, dest)
+        return Binaries(key=f"{self.key}/{variant}", bin_dir=where, manifest={**self.manifest, "cpu": variant})
 
 
 def is_profile(name: str) -> bool:

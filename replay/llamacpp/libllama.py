@@ -30,8 +30,10 @@ def _tree_library(source: Path) -> Path | None:
 
 
 def _built_library(n: int) -> tuple[Path | None, Path | None]:
+    """The build's own libllama: its release-style build (every CPU variant: the replay can load the
+    server's), else a native one."""
     profile = "0c1e570" if n == BUILD_0C1E570 else f"b{n}"
-    bins = find_built(BuildSpec(profile))
+    bins = find_built(BuildSpec(profile)) or find_built(BuildSpec(profile, cpu="native"))
     if bins is None:
         return None, None
     source = bins.manifest.get("source")

@@ -177,3 +177,12 @@ def tiny_evals_one_worker(tiny_evals, tmp_path_factory) -> bytes:
     r = recover_in_subprocess(tiny_evals, models.tiny_target(), out)
     assert r.returncode == 0, r.stderr
     return out.read_bytes()
+
+
+def pytest_runtest_logreport(report):
+    """With SPEC_REPLAY_TEST_TIMES=FILE, append each phase's duration as it ends (setup includes the
+    fixtures it builds: servers, llama.cpp trees), so that a run cut short still says where its time went."""
+    path = os.environ.get("SPEC_REPLAY_TEST_TIMES")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.1f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")

@@ -9,7 +9,7 @@ import click
 from tabulate import tabulate
 
 from . import handle_errors, main
-from .options import given_flags, server_flags
+from .options import given_flags, libllama_option, server_flags
 
 
 def _token_rows(tokens: list[dict]) -> str:
@@ -24,9 +24,14 @@ def _token_rows(tokens: list[dict]) -> str:
 @click.option("--n-predict", "probe_tokens", default=48, show_default=True, help="tokens the probe request asks for")
 @click.option("--n-probs", default=3, show_default=True)
 @click.option("--prompt", default=None, help="probe prompt (default: a repetitive sentence)")
+@click.option("-m", "--model", type=click.Path(dir_okay=False, exists=True),
+              help="the server's target GGUF, here too: then say which CPU kernels the server computes with (the "
+                   "variant of a release-style libllama that reproduces its first entry)")
+@libllama_option
 @server_flags("speculative", exclude=("draft_model",))
 @handle_errors
-def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, **flags) -> None:
+def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, model: str | None,
+          libllama: str | None, **flags) -> None:
     """Audit a running llama-server for placeholder probabilities.
 
     Exit 0: every token carries real probabilities; 1: placeholders found;
@@ -43,8 +48,9 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
     from ..llamacpp.audit import check as run_check
     res = run_check(url, n_predict=probe_tokens, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
                     expected=given_flags(flags))
+    kernels = _server_kernels(url, model, libllama, prompt or PROBE_PROMPT, n_probs, as_json) if model else None
     if as_json:
-        click.echo(json.dumps(res.to_json(), indent=2))
+        click.echo(json.dumps({**res.to_json(), **({"kernels": kernels} if model else {})}, indent=2))
     else:
         click.echo(f"server:      {res.url}  ({res.build_info or 'unknown build'})")
         shape = res.loop_shape
@@ -61,8 +67,39 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
             click.echo(f"probe:       drafted {res.draft_n}, accepted {res.draft_n_accepted}")
         if res.tokens:
             click.echo(_token_rows(res.tokens))
+        if model:
+            click.echo(f"kernels:     {kernels['description']}")
         click.echo(f"verdict:     {res.verdict}")
     sys.exit(res.exit_code)
+
+
+def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_probs: int, quiet: bool) -> dict:
+    """Which CPU variant computes the server's values: one single-token request recorded as a
+    transcript, its first entry probed under every variant this host runs (cli/kernels.py)."""
+    from ..errors import SpecReplayError
+    from ..kernels.choice import KernelsError
+    from ..llamacpp.record import make_item, record_one
+    from ..recovery.recover import RecoverOptions
+    from ..transcripts.readers import read_text
+    from .kernels import choose_kernels
+    from .options import choose_libllama
+    body = {"prompt": prompt, "n_predict": 1, "n_probs": max(1, n_probs), "temperature": 0.0, "seed": 1,
+            "cache_prompt": False}
+    try:
+        text = json.dumps(record_one(url, make_item(body, "/completion", "check"), {}))
+        records = read_text(text, "<check probe>")
+        choose_libllama(libllama, None, None, records, quiet=True)
+        choice = choose_kernels(records, text=text, source="<check probe>", request=None,
+                                model=str(Path(model).resolve()), flags={}, options=RecoverOptions(),
+                                server_cpu=None, quiet=quiet, every=True)
+    except KernelsError as e:
+        return {"variant": None, "how": "none", "description": str(e)}
+    except SpecReplayError as e:
+        return {"variant": None, "how": "error", "description": f"cannot tell: {e}"}
+    if choice is None:
+        return {"variant": None, "how": "none", "description": "cannot tell: the libllama here links one CPU backend "
+                "in; `spec-replay build --profile bN` builds every CPU variant of the server's build"}
+    return choice.to_json()
 
 
 @main.command()

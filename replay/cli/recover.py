@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -13,6 +14,7 @@ from ..recovery.compare import DEFAULT_TOLERANCE
 from ..recovery.recover import RecoverOptions
 from ..recovery.report import RecoverResult
 from . import handle_errors, main
+from .kernels import choose_kernels, server_cpu_option
 from .options import choose_libllama, given_flags, libllama_option, server_flags
 
 
@@ -48,6 +50,7 @@ def _recover_options(fn):
         click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
         server_flags("context", "sampling"),
         libllama_option,
+        server_cpu_option,
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -91,10 +94,11 @@ def _show(res: RecoverResult, as_json: bool) -> None:
         if res.records[0].settings:
             click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in res.records[0].settings))
     click.echo(summary_table(res))
-    shapes = dict.fromkeys((r.shape.era.describe(), r.shape.why, r.shape.warning, r.replay_backend, r.server_backend)
-                           for r in res.records if r.shape is not None)
-    for era, why, warning, ours, theirs in shapes:
+    shapes = dict.fromkeys((r.shape.era.describe(), r.shape.why, r.shape.warning, r.replay_backend, r.server_backend,
+                            (r.cpu or {}).get("variant")) for r in res.records if r.shape is not None)
+    for era, why, warning, ours, theirs, variant in shapes:
         click.echo(f"loop: {era}, chosen by {why}; values computed on {ours}" +
+                   (f" ({variant} kernels)" if variant else "") +
                    (f" (the server's: {theirs})" if theirs != ours else ""))
         if warning:
             click.echo(f"warning: {warning}", err=True)
@@ -130,7 +134,7 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
             shared_batches, as_json, force,
-            verbose, libllama, output, in_place, resume, workers, ray_address, **flags) -> None:
+            verbose, libllama, server_cpu, output, in_place, resume, workers, ray_address, **flags) -> None:
     """Recover the real logprobs of a recorded transcript and write a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
@@ -166,6 +170,9 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
                              build=build, source=source, shared_batches=shared_batches)
+    options = replace(options, cpu=choose_kernels(records, text=original, source=str(transcript), request=request,
+                                                  model=str(Path(model).resolve()), flags=flags, options=options,
+                                                  server_cpu=server_cpu, quiet=as_json))
     if len(records) > 1:
         _recover_journaled(records, original, request, model, flags, options, verbose, out, transcript,
                            force or in_place, resume, as_json, report_file, workers=workers, ray_address=ray_address)
@@ -206,6 +213,7 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
                    "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
                    "model": str(Path(model).resolve()), "tolerance": options.tolerance,
                    "libllama": str(loaded_path() or "bundled"),
+                   **({"cpu": options.cpu.variant} if options.cpu is not None else {}),
                    "flags": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(flags.items())}}
     journal = Journal(out, fingerprint)
     done = journal.open(resume=resume, force=force)
@@ -262,7 +270,7 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
          shared_batches, as_json, force,
-         verbose, libllama, **flags) -> None:
+         verbose, libllama, server_cpu, **flags) -> None:
     """Compare what the server sent with the true probabilities; write nothing.
 
     \b
@@ -272,11 +280,15 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     from ..transcripts.files import refuse_existing
     if report_file:
         refuse_existing(report_file, force)
-    records, original, _ = _load(transcript, request_file, model)
+    records, original, request = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
                              build=build, source=source, shared_batches=shared_batches)
-    done = _run(records, model, given_flags(flags), options, verbose)
+    flags = given_flags(flags)
+    options = replace(options, cpu=choose_kernels(records, text=original, source=str(transcript), request=request,
+                                                  model=str(Path(model).resolve()), flags=flags, options=options,
+                                                  server_cpu=server_cpu, quiet=as_json))
+    done = _run(records, model, flags, options, verbose)
     res = RecoverResult([d.report for d in done], "")
     _write_report(report_file, res, force)
     _show(res, as_json)

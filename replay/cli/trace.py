@@ -12,6 +12,7 @@ from tabulate import tabulate
 from ..trace.run import TraceResult
 from ..transcripts.readers import Record
 from . import handle_errors, main
+from .kernels import choose_kernels, server_cpu_option
 from .options import choose_libllama, given_flags, libllama_option, server_flags
 
 
@@ -34,10 +35,11 @@ from .options import choose_libllama, given_flags, libllama_option, server_flags
                    "defaults to the cores shared out); records that share the server's state across "
                    "requests (n-gram tables, a slot's draft sampler) stay together, in order")
 @libllama_option
+@server_cpu_option
 @server_flags("speculative", "context", "sampling")
 @handle_errors
 def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, verbose, libllama,
-          workers, **flags) -> None:
+          server_cpu, workers, **flags) -> None:
     """Replay llama-server's speculative loop step by step and check it against a transcript.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
@@ -58,15 +60,21 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     from ..trace.run import Drafts, trace_prompt, trace_record
     from ..trace.state import ServerState
     from ..transcripts.files import read_request
-    from ..transcripts.readers import read_file
+    from ..recovery.recover import RecoverOptions
+    from ..transcripts.readers import read_file, read_source
     from .progress import progress_bar
     flags = given_flags(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
         raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
     check_gguf(model)
-    records = read_file(transcript, read_request(request_file) if request_file else None) if transcript else []
+    request = read_request(request_file) if request_file else None
+    records = read_file(transcript, request) if transcript else []
     choose_libllama(libllama, source, build, records, quiet=as_json)
+    kernels = choose_kernels(records, text=read_source(transcript) if transcript else "", source=str(transcript),
+                             request=request, model=str(Path(model).resolve()), flags=flags,
+                             options=RecoverOptions(build=build, source=source and Path(source)),
+                             server_cpu=server_cpu, quiet=as_json)
     target = Model(model)
     drafts = Drafts()
     results: list[tuple[Record | None, TraceResult]] = []
@@ -88,11 +96,12 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     for shape in dict.fromkeys(r.shape for _, r in results if r.shape is not None and r.shape.warning):
         click.echo(f"warning: {shape.warning}", err=True)
     piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
+    cpu = {} if kernels is None else {"kernels": kernels.to_json()}
     if as_json:
         if len(results) == 1:
-            click.echo(json.dumps(results[0][1].to_json(piece), indent=2))
+            click.echo(json.dumps({**results[0][1].to_json(piece), **cpu}, indent=2))
         else:
-            click.echo(json.dumps({"records": [dict(r.to_json(piece), record=rec.index) for rec, r in results]},
+            click.echo(json.dumps({"records": [dict(r.to_json(piece), record=rec.index) for rec, r in results], **cpu},
                                   indent=2))
     else:
         for rec, res in results:

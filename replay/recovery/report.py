@@ -59,6 +59,7 @@ class RecordReport:
     libllama: str | None = None  # runtime/binding.py: the libllama file it computed with (None: the binding's own)
     server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
+    cpu: dict | None = None  # kernels/choice.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
     cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
     weighted_diff: float | None = None  # compare.judge_numerics: weighted |server - true| of the real values
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
@@ -95,7 +96,7 @@ class RecordReport:
                  "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
                  "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
              "numerics": {"slots": self.slots, "replay_backend": self.replay_backend, "libllama": self.libllama,
-                          "server_backend": self.server_backend, "kernels": self.kernels,
+                          "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
                           "weighted_mean_diff_real": self.weighted_diff,
                           "cause": ("batch composition" if self.kernels is None else
                                     "kernels" if self.slots == 1 else "batch composition and kernels")
@@ -156,6 +157,12 @@ class RecoverResult:
                         "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
                         "decoded these requests together with others (several slots serving at once), with "
                         "--shared-batches")
+            if r.cpu and r.cpu.get("how") == "given":
+                why = (f"the {r.cpu['variant']} CPU kernels given with --server-cpu are not the server's: without it the "
+                       "kernels are found from the transcript's first entry")
+            elif r.cpu and r.cpu.get("how") == "matched" and r.cpu.get("record") is not None and r.cpu["record"] + 1 != r.record:
+                why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
+                        "may come from another machine (recover it separately)")
             if r.prefix == "server cache":
                 why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                        "rebuilt from the previous record: keep the file in request order, one server slot")

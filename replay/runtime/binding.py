@@ -30,6 +30,7 @@ from pathlib import Path
 from ..errors import SpecReplayError
 
 ENV = "SPEC_REPLAY_LIBLLAMA"
+VARIANT_ENV = "SPEC_REPLAY_CPU_VARIANT"  # which libggml-cpu-<variant>.so of a release-style build to load
 
 # What the replay passes to libllama: structs (by value or through pointers) ...
 STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_token_data",
@@ -221,6 +222,25 @@ def check_library(lib: Path, header: Path | None) -> list[str]:
 
 _loaded: types.ModuleType | None = None
 _loaded_path: Path | None = None
+_loaded_variant: str | None = None  # the CPU variant in use (None: a build with one ggml-cpu linked in)
+
+
+def use_cpu_variant(name: str | None) -> None:
+    """Load this CPU variant of a release-style libllama (kernels/variants.py) when the binding loads,
+    here and in worker processes; None: the best one this host runs, as llama-server would."""
+    if _loaded is not None and name is not None and name != _loaded_variant:
+        raise BindingError(f"the {_loaded_variant or 'linked-in'} CPU kernels are already loaded in this process; "
+                           f"cannot switch to {name}")
+    if name is None:
+        os.environ.pop(VARIANT_ENV, None)
+    else:
+        os.environ[VARIANT_ENV] = name
+
+
+def loaded_variant() -> str | None:
+    """The CPU variant in use (None: the library links one ggml-cpu in), loading the binding if needed."""
+    load()
+    return _loaded_variant
 
 
 def use_libllama(choice: LibChoice, *, strict: bool = True) -> bool:
@@ -236,8 +256,8 @@ def use_libllama(choice: LibChoice, *, strict: bool = True) -> bool:
         return want == _loaded_path
     if want is None:
         os.environ.pop(ENV, None)
-    else:
-        os.environ[ENV] = str(want)
+    else:  # as given, not resolved: the CPU variants looked for are those of the directory given
+        os.environ[ENV] = str(Path(choice.path).absolute())
     return True
 
 
@@ -249,7 +269,7 @@ def loaded_path() -> Path | None:
 
 def load() -> types.ModuleType:
     """Import llama_cpp over the chosen libllama (SPEC_REPLAY_LIBLLAMA, else the binding's own)."""
-    global _loaded, _loaded_path
+    global _loaded, _loaded_path, _loaded_variant
     if _loaded is not None:
         return _loaded
     want = os.environ.get(ENV)
@@ -283,8 +303,49 @@ def load() -> types.ModuleType:
     used_absent = sorted(set(absent_names) & set(FUNCTIONS))
     if used_absent:
         raise BindingError(f"{lib} lacks {', '.join(used_absent)}, which the replay calls")
+    _loaded_variant = _load_cpu_backend(lib.parent, os.environ.get(VARIANT_ENV) or None)
     _loaded, _loaded_path = llama_cpp, lib.resolve()
     return llama_cpp
+
+
+def _load_cpu_backend(bin_dir: Path, name: str | None) -> str | None:
+    """A release-style build (GGML_BACKEND_DL) links no CPU backend in: load the variant `name`, or the
+    best this host runs (kernels/variants.py: runnable), with ggml_backend_load before anything else
+    asks for a backend (llama_backend_init would scan the Python executable's directory instead:
+    src/llama.cpp:122-135, ggml-backend-reg.cpp:480-502). None for a build without variants."""
+    from ..kernels.variants import host_cpu_flags, library_of, runnable, variants_in
+    present = variants_in(bin_dir)
+    if not present:
+        if name:
+            raise BindingError(f"{bin_dir} holds one CPU backend linked in, not the {name} variant "
+                               "(a release-style build: spec-replay build --cpu variants)")
+        return None
+    can = runnable(present, host_cpu_flags())
+    if name is None:
+        if not can:
+            raise BindingError(f"this CPU runs none of the CPU variants in {bin_dir} ({', '.join(present)})")
+        name = can[0]
+    elif name not in present:
+        raise BindingError(f"{bin_dir} has no {name} CPU variant (it has {', '.join(present)})")
+    elif name not in can:
+        raise BindingError(f"this CPU cannot run the {name} CPU variant (it runs {', '.join(can) or 'none'})")
+    ggml = ctypes.CDLL(str(bin_dir / "libggml.so"))
+    ggml.ggml_backend_load.argtypes, ggml.ggml_backend_load.restype = [ctypes.c_char_p], ctypes.c_void_p
+    # ggml's "load_backend: loaded CPU backend from ..." goes to stderr before llama_log_set can route it
+    # (runtime/llama.py: set_verbose); the choice is reported by the caller instead
+    quiet = _LOG_CALLBACK(lambda level, text, data: None)
+    ggml.ggml_log_set.argtypes, ggml.ggml_log_set.restype = [_LOG_CALLBACK, ctypes.c_void_p], None
+    ggml.ggml_log_set(quiet, None)
+    try:
+        reg = ggml.ggml_backend_load(str(library_of(bin_dir, name)).encode())
+    finally:
+        ggml.ggml_log_set(_LOG_CALLBACK(), None)  # NULL: ggml's default logger until libllama's is set
+    if not reg:
+        raise BindingError(f"ggml could not load {library_of(bin_dir, name)}")
+    return name
+
+
+_LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 def _absent(name: str, lib: Path):

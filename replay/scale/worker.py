@@ -68,9 +68,12 @@ class Traced:
 
 class Evaluator:
     def __init__(self, job: Job):
-        from ..runtime.binding import LibChoice, use_libllama
+        from ..runtime.binding import LibChoice, use_cpu_variant, use_libllama
         from ..transcripts.readers import read_text
         use_libllama(LibChoice(None if job.libllama is None else Path(job.libllama), "the driver's choice"))
+        cpu = job.options.cpu  # the driver's kernels (cli/kernels.py), also on a Ray node that runs them
+        if cpu is not None and cpu.variant is not None:
+            use_cpu_variant(cpu.variant)
         self.job = job
         self.records = read_text(job.text, job.source, job.request)
         flags = dict(job.flags)

@@ -1,0 +1,99 @@
+"""Choosing the CPU kernels a run replays on (`--server-cpu`, or probed from the transcript).
+
+Thin I/O over kernels/: it runs after the libllama is chosen (cli/options.py: choose_libllama) and
+before anything loads it, says on stderr which variant and why, and returns the choice for the
+report. A libllama that links one ggml-cpu in (a native build, llama-cpp-python's own) has one set
+of kernels: nothing is chosen, and the first entry's strict comparison stays the judge.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from ..kernels.choice import EXACT, KernelChoice, KernelsError, choose_variant
+from ..kernels.probe import Probe, probe_record, probe_variants
+from ..kernels.variants import VARIANTS, host_cpu_flags, runnable, variants_in
+from ..runtime import binding
+from ..transcripts.readers import Record
+
+
+def server_cpu_option(fn: Callable) -> Callable:
+    return click.option(
+        "--server-cpu", "server_cpu", metavar="VARIANT",
+        help="the CPU variant the server computed with (x64, sse42, sandybridge, ivybridge, piledriver, haswell, "
+             "skylakex, icelake, zen4, ...: the libggml-cpu-<variant>.so a release build loaded), instead of "
+             "finding it from the transcript's first real entry; needs a release-style libllama "
+             "(spec-replay build, the default --cpu variants)")(fn)
+
+
+def _library_dir() -> Path | None:
+    want = os.environ.get(binding.ENV)
+    if not want:
+        return None
+    lib = binding.library_file(Path(want))
+    return lib.parent if lib else None
+
+
+def choose_kernels(records: list[Record], *, text: str, source: str, request: dict | None, model: str,
+                   flags: dict, options, server_cpu: str | None, quiet: bool = False,
+                   every: bool = False) -> KernelChoice | None:
+    """The CPU variant to replay on, made the one the binding loads (here and in workers); None when
+    the chosen libllama has no variants. Probing evaluates the first real entry under each variant
+    this host runs, best first, until one is exact (`every`: all of them, to name the variants that
+    compute alike) and keeps the exact one (kernels/choice.py); with nothing exact, KernelsError,
+    unless --server-backend or the transcript's own evidence of shared batches allows the nearest."""
+    bin_dir = _library_dir()
+    present = variants_in(bin_dir) if bin_dir else []
+    if not present:
+        if server_cpu:
+            raise click.UsageError(f"--server-cpu {server_cpu}: the libllama in use ({bin_dir or 'llama-cpp-python own'}) "
+                                   "links one CPU backend in; build a release-style one (spec-replay build) or give "
+                                   "--libllama a build with libggml-cpu-<variant>.so beside it")
+        return None
+    if server_cpu is not None and server_cpu not in VARIANTS and server_cpu not in present:
+        raise click.UsageError(f"--server-cpu {server_cpu}: not a CPU variant ({', '.join(VARIANTS)})")
+    if binding._loaded is not None:  # in-process reuse (tests, notebooks): what is loaded stays
+        have = binding._loaded_variant
+        if server_cpu and server_cpu != have:
+            raise KernelsError(f"--server-cpu {server_cpu}: this process already computes with the {have} kernels")
+        return KernelChoice(have, "default", why="already loaded in this process")
+    can = runnable(present, host_cpu_flags())
+    beyond = [n for n in present if n not in can]
+    if server_cpu:
+        if server_cpu not in present:
+            raise KernelsError(f"--server-cpu {server_cpu}: {bin_dir} has no libggml-cpu-{server_cpu}.so")
+        if server_cpu not in can:
+            raise KernelsError(f"--server-cpu {server_cpu}: this CPU cannot run it (it runs {', '.join(can) or 'none'}); "
+                               "recover on a machine that can, or give --server-backend to recover at stated "
+                               "precision")
+        choice = KernelChoice(server_cpu, "given")
+    elif not can:
+        raise KernelsError(f"this CPU runs none of the CPU variants in {bin_dir}")
+    else:
+        k = probe_record(records)
+        if k is None:
+            choice = KernelChoice(can[0], "default", why="no record carries a real first entry to tell the kernels by")
+        else:
+            allow = ("--server-backend" if options.server_backend else
+                     "--shared-batches" if options.shared_batches else
+                     next((s for s in (r.several_slots(flags.get("n_parallel")) for r in records) if s), None))
+            if not quiet:
+                click.echo(f"kernels: evaluating record {k + 1}'s first entry under the CPU variants this host runs, "
+                           f"best first, {'all of them' if every else 'until one reproduces it'} ({', '.join(can)})",
+                           err=True)
+
+            def said(v: str, p: Probe) -> None:
+                if not quiet:
+                    click.echo(f"  {v:<14} " + (f"{p.diff:.3g} nats off" if p.diff is not None else f"error: {p.error}"),
+                               err=True)
+            probes = probe_variants(can, text=text, source=source, request=request, index=k, model=model, flags=flags,
+                                    options=options, libllama=bin_dir, progress=said,
+                                    until_exact=None if every else EXACT)
+            choice = choose_variant(probes, record=k, allow_nearest=allow, not_runnable=beyond)
+    binding.use_cpu_variant(choice.variant)
+    if not quiet:
+        click.echo(f"kernels: {choice.describe()}", err=True)
+    return choice

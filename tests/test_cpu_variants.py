@@ -1,0 +1,195 @@
+"""Transcripts recorded on another machine: servers running named CPU variants of a release-style
+b11434 (one variant per directory, as a release binary on a host whose best variant that is), their
+transcripts recovered and traced here by the CLI in a fresh process (a process holds one ggml), on the
+kernels found from each transcript's first real entry.
+
+Specification:
+- recover finds the server's variant (or one exactly equal to it) from the first entry, says so, and
+  fills values within 5e-4 of that variant's unspeculated server;
+- trace reproduces the server's tokens and draft totals on it;
+- a transcript whose kernels this host lacks (withheld from the library) is refused in one line that
+  names the nearest; with --server-backend it is recovered at stated precision on the nearest;
+- the wrong variant given by hand (--server-cpu) is refused by the first entry, not approximated;
+- `check -m` names the kernels of a live server.
+Real weights only: f32 fixtures do not tell kernels apart.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replay.kernels.variants import PREFIX, VARIANTS, host_cpu_flags, runnable
+from replay.llamacpp.matrix import max_value_diff
+from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.llamacpp.record import RequestItem, record_one
+from replay.transcripts.format import dumps
+
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
+STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+TOL = 5e-4
+_RUNS = itertools.count()
+
+
+def cli(*args, timeout: float = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run([sys.executable, "-m", "replay.cli", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    return p
+
+
+def _bodies() -> list[tuple[str, dict]]:
+    story = [("/completion", {"prompt": STORY, "n_predict": 32, "n_probs": 3, "temperature": 1.0, "seed": s})
+             for s in (1, 2)]
+    chat = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name three colours of the sea."}],
+                                     "max_tokens": 24, "logprobs": True, "top_logprobs": 3, "temperature": 0.8,
+                                     "seed": 5})
+    return story + [chat]
+
+
+def _record_all(binary: Path, cfg: ServerConfig) -> list[dict]:
+    with LlamaServer(cfg, binary=binary) as srv:
+        return [record_one(srv.url, RequestItem(ep, dict(b)), srv.config.flags_block()) for ep, b in _bodies()]
+
+
+@pytest.fixture(scope="module")
+def host_variants(b11434) -> list[str]:
+    """The variants of the build this host runs, best first."""
+    return runnable(b11434.cpu_variants, host_cpu_flags())
+
+
+@pytest.fixture(scope="module")
+def recorded(b11434, smollm2, smollm2_draft, host_variants, tmp_path_factory):
+    """{variant: (speculative JSONL, unspeculated transcripts)} for the host's best variant and x64."""
+    out = {}
+    for v in dict.fromkeys([host_variants[0], "x64"]):
+        bins = b11434.with_cpu(v)
+        spec = _record_all(bins.server, ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",)))
+        plain = _record_all(bins.server, ServerConfig(smollm2))
+        path = tmp_path_factory.mktemp(f"cpu-{v}") / "spec.jsonl"
+        path.write_text("".join(dumps(t, indent=None) + "\n" for t in spec))
+        out[v] = (path, plain)
+    return out
+
+
+def _recover(src: Path, model: Path, lib: Path, *extra) -> tuple[subprocess.CompletedProcess, Path]:
+    out = src.with_name(f"{src.stem}.fixed{next(_RUNS)}{src.suffix}")
+    return cli("recover", src, "-m", model, "-o", out, "--json", "--force", "--libllama", lib, *extra), out
+
+
+def test_a_release_build_has_every_variant_and_each_server_directory_one(b11434):
+    assert b11434.cpu_variants == list(VARIANTS)
+    for v in ("x64", "haswell"):
+        d = b11434.with_cpu(v).bin_dir
+        assert sorted(p.name for p in d.glob(f"{PREFIX}*")) == [f"{PREFIX}{v}.so"]
+
+
+@pytest.mark.parametrize("which", ["best", "x64"])
+def test_recover_finds_the_servers_kernels_and_fills_its_unspeculated_values(which, recorded, host_variants, smollm2,
+                                                                            b11434):
+    v = host_variants[0] if which == "best" else "x64"
+    src, plain = recorded[v]
+    p, out = _recover(src, smollm2, b11434.bin_dir)
+    assert p.returncode == 0, p.stderr[-2000:]
+    reps = json.loads(p.stdout)["records"]
+    cpu = reps[0]["numerics"]["cpu"]
+    assert cpu["how"] == "matched" and v in [cpu["variant"], *cpu["equal"]], cpu
+    assert f"kernels: {VARIANTS[cpu['variant']].label}, matched on the first entry" in p.stderr
+    assert sum(r["summary"]["counts"]["placeholder"] for r in reps) > 0, "nothing was speculated"
+    assert all(r["summary"]["counts"]["mismatch"] == 0 for r in reps)
+    worst, n = 0.0, 0
+    for line, truth in zip(out.read_text().splitlines(), plain):
+        w, k = max_value_diff(json.loads(line), truth)
+        worst, n = max(worst, w), n + k
+    assert n >= 30 and worst <= TOL, (worst, n)
+    print(f"\n{v} server, replayed on {cpu['variant']}: max |recovered - unspeculated| {worst:.2e} over {n} "
+          f"tokens; first-entry distances {cpu['probes']}")
+
+
+@pytest.mark.parametrize("which", ["best", "x64"])
+def test_trace_reproduces_the_tokens_and_draft_totals_of_a_variant_server(which, recorded, host_variants, smollm2,
+                                                                         smollm2_draft, b11434):
+    v = host_variants[0] if which == "best" else "x64"
+    src, _ = recorded[v]
+    p = cli("trace", src, "-m", smollm2, "-md", smollm2_draft, "--json", "--libllama", b11434.bin_dir)
+    assert p.returncode == 0, p.stderr[-2000:] + p.stdout[-2000:]
+    res = json.loads(p.stdout)
+    assert res["kernels"]["how"] == "matched"
+    assert all(r["reproduced"] for r in res["records"]), [r.get("first_divergence") for r in res["records"]]
+
+
+@pytest.fixture(scope="module")
+def x64_class(recorded, smollm2, b11434) -> list[str]:
+    """The variants whose kernels equal x64's on its transcript's first entry."""
+    p, _ = _recover(recorded["x64"][0], smollm2, b11434.bin_dir)
+    cpu = json.loads(p.stdout)["records"][0]["numerics"]["cpu"]
+    return [cpu["variant"], *cpu["equal"]]
+
+
+def test_a_transcript_whose_kernels_this_host_lacks_is_refused_in_one_line(recorded, x64_class, smollm2, b11434,
+                                                                           tmp_path):
+    """Withholding x64's class from the library stands for a host that cannot run the server's variant."""
+    lib = tmp_path / "withheld"
+    lib.mkdir()
+    for f in b11434.bin_dir.iterdir():
+        if f.is_file() and not any(f.name == f"{PREFIX}{v}.so" for v in x64_class):
+            (lib / f.name).symlink_to(f)
+    src, plain = recorded["x64"]
+    p, out = _recover(src, smollm2, lib)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("Error:")]
+    assert p.returncode != 0 and len(errors) == 1 and not out.exists(), p.stderr[-2000:]
+    assert "matches none of this host's CPU kernels" in errors[0] and "--server-backend" in errors[0]
+    # told so, it recovers at stated precision on the nearest, and says which and how far
+    p, out = _recover(src, smollm2, lib, "--server-backend", "an x64 release binary")
+    assert p.returncode == 0, p.stderr[-2000:]
+    cpu = json.loads(p.stdout)["records"][0]["numerics"]["cpu"]
+    assert cpu["how"] == "nearest" and cpu["variant"] not in x64_class and cpu["diff"] > 1e-6
+    print(f"\nx64 class {x64_class} withheld: nearest {cpu['variant']}, {cpu['diff']:.3g} nats off the first entry")
+
+
+def test_the_wrong_variant_given_by_hand_is_refused_by_the_first_entry(recorded, x64_class, host_variants, smollm2,
+                                                                       b11434):
+    other = next((v for v in host_variants if v not in x64_class), None)
+    if other is None:
+        pytest.skip("every variant this host runs computes as x64 does")
+    src, _ = recorded["x64"]
+    p, out = _recover(src, smollm2, b11434.bin_dir, "--server-cpu", other)
+    assert p.returncode != 0 and not out.exists(), p.stderr[-2000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"the {other} CPU kernels given with --server-cpu are not the server's" in errors[0]
+    cpu = json.loads(p.stdout)["records"][0]["numerics"]["cpu"]
+    assert (cpu["variant"], cpu["how"]) == (other, "given")
+
+
+def test_check_names_the_kernels_a_live_server_computes_with(b11434, smollm2, host_variants):
+    v = "x64" if "x64" in host_variants else host_variants[-1]
+    with LlamaServer(ServerConfig(smollm2), binary=b11434.with_cpu(v).server) as srv:
+        p = cli("check", srv.url, "-m", smollm2, "--json", "--libllama", b11434.bin_dir)
+    k = json.loads(p.stdout)["kernels"]
+    assert k["how"] == "matched" and v in [k["variant"], *k["equal"]], k
+
+
+def test_a_gemma_transcript_from_the_x64_kernels_is_recovered_exactly(b11434, gemma3, gemma3_draft, tmp_path):
+    """Gemma 3 (sliding-window attention, the server's checkpoint schedule) on kernels that are not
+    this host's best."""
+    bins = b11434.with_cpu("x64")
+    prompt = ("The lighthouse keeper counted the ships that passed each night. " * 12).strip()
+    body = {"prompt": prompt, "n_predict": 24, "n_probs": 2, "temperature": 1.0, "seed": 3}
+    with LlamaServer(ServerConfig(gemma3, draft_model=gemma3_draft, spec_types=("draft-simple",)),
+                     binary=bins.server) as srv:
+        spec = record_one(srv.url, RequestItem("/completion", dict(body)), srv.config.flags_block())
+    with LlamaServer(ServerConfig(gemma3), binary=bins.server) as srv:
+        plain = record_one(srv.url, RequestItem("/completion", dict(body)), srv.config.flags_block())
+    src = tmp_path / "gemma.json"
+    src.write_text(dumps(spec))
+    p, out = _recover(src, gemma3, b11434.bin_dir)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rep = json.loads(p.stdout)["records"][0]
+    assert rep["numerics"]["cpu"]["how"] == "matched" and rep["summary"]["counts"]["placeholder"] > 0
+    worst, n = max_value_diff(json.loads(out.read_text()), plain)
+    assert n >= 12 and worst <= TOL, (worst, n)
+    print(f"\nGemma 3 on x64: matched {rep['numerics']['cpu']['variant']}, max |diff| {worst:.2e} over {n} tokens")

@@ -1,0 +1,94 @@
+"""Which CPU variant replays a transcript: the table of a release build's variants, which of them a
+CPU runs, and the choice from the probes of the first real entry (quick tier: pure functions)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replay.kernels.choice import EXACT, KernelsError, choose_variant
+from replay.kernels.probe import Probe, probe_record
+from replay.kernels.variants import VARIANTS, host_cpu_flags, runnable, score
+from replay.paths import FIXTURES
+from replay.transcripts.readers import read_text
+
+AVX2_HOST = "fpu sse2 ssse3 sse4_1 sse4_2 avx f16c fma bmi1 bmi2 avx2".split()
+ZEN4_HOST = AVX2_HOST + "avx512f avx512cd avx512vl avx512dq avx512bw avx512vbmi avx512_vnni avx512_bf16".split()
+
+
+def test_the_table_is_upstreams_fourteen_x86_variants_in_its_order():
+    assert list(VARIANTS) == ["x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell", "skylakex",
+                              "cannonlake", "cascadelake", "icelake", "cooperlake", "zen4", "alderlake",
+                              "sapphirerapids"]
+
+
+def test_an_avx2_host_runs_the_six_variants_up_to_haswell_best_first():
+    assert runnable(list(VARIANTS), AVX2_HOST) == ["haswell", "piledriver", "ivybridge", "sandybridge", "sse42", "x64"]
+
+
+def test_an_avx512_host_loads_zen4_and_cannot_run_amx_or_avx_vnni():
+    can = runnable(list(VARIANTS), ZEN4_HOST)
+    assert can[0] == "zen4" and "sapphirerapids" not in can and "alderlake" not in can
+    assert score(VARIANTS["skylakex"], ZEN4_HOST) < score(VARIANTS["icelake"], ZEN4_HOST) < score(VARIANTS["zen4"], ZEN4_HOST)
+
+
+def test_avx512_needs_all_five_foundation_flags():
+    assert score(VARIANTS["skylakex"], [f for f in ZEN4_HOST if f != "avx512bw"]) == 0
+
+
+def test_this_hosts_flags_are_read():
+    assert "sse2" in host_cpu_flags()
+
+
+def test_the_exact_variant_is_chosen_and_its_equals_are_named():
+    c = choose_variant([Probe("haswell", 0.031), Probe("piledriver", 0.0), Probe("ivybridge", 0.0),
+                        Probe("x64", 0.002)], record=0)
+    assert (c.variant, c.how, c.equal) == ("piledriver", "matched", ("ivybridge",))
+    assert c.describe() == "piledriver (AVX FMA), matched on the first entry of record 1 (as exactly: ivybridge)"
+
+
+def test_a_difference_of_one_float32_rounding_is_exact_and_more_is_not():
+    assert choose_variant([Probe("x64", EXACT)], record=0).how == "matched"
+    with pytest.raises(KernelsError):
+        choose_variant([Probe("x64", 3 * EXACT)], record=0)
+
+
+def test_no_match_is_refused_in_one_line_naming_the_nearest_and_the_causes():
+    with pytest.raises(KernelsError) as e:
+        choose_variant([Probe("haswell", 0.019), Probe("x64", 0.047)], record=2, not_runnable=["zen4"])
+    msg = str(e.value)
+    assert "\n" not in msg and "record 3" in msg and "nearest haswell (AVX2) 0.019" in msg
+    assert "GPU" in msg and "zen4" in msg and "--server-backend" in msg
+
+
+def test_no_match_is_the_nearest_only_when_allowed_and_says_why():
+    c = choose_variant([Probe("haswell", 0.019), Probe("x64", 0.047)], record=0, allow_nearest="a 4-slot server")
+    assert (c.variant, c.how, c.diff) == ("haswell", "nearest", 0.019)
+    assert "a 4-slot server" in c.describe() and "0.019 nats off" in c.describe()
+
+
+def test_variants_that_could_not_be_evaluated_are_an_error_not_a_choice():
+    with pytest.raises(KernelsError, match="could not be evaluated"):
+        choose_variant([Probe("x64", None, "the worker process died")], record=0)
+
+
+def _record(first_logprob, top, cached=0):
+    return {"request": {"prompt": "hi", "n_probs": 1}, "endpoint": "/completion",
+            "response": {"content": "a b", "completion_probabilities": [
+                {"id": 1, "token": "a", "bytes": [97], "logprob": first_logprob, "top_logprobs": top},
+                {"id": 2, "token": " b", "bytes": [32, 98], "logprob": 0.0, "top_logprobs": []}],
+                "timings": {"cache_n": cached, "prompt_n": 3, "predicted_n": 2}}}
+
+
+def test_the_probed_record_is_the_first_whose_prompt_the_server_evaluated_in_full():
+    top = [{"id": 1, "token": "a", "bytes": [97], "logprob": -0.5}]
+    lines = [_record(0.0, []), _record(-0.5, top, cached=2), _record(-0.5, top)]
+    recs = read_text("".join(json.dumps(r) + "\n" for r in lines), "t.jsonl")
+    assert probe_record(recs) == 2
+    assert probe_record(recs[:2]) == 1  # a cached prompt is a weaker witness, but better than none
+    assert probe_record(recs[:1]) is None
+
+
+def test_a_committed_transcript_has_a_real_first_entry():
+    recs = read_text((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text(), "tiny")
+    assert probe_record(recs) == 0

@@ -161,13 +161,36 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
     for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
             raise BuildError(f"{tool} is not installed (Debian: apt-get install {tool if tool == 'cmake' else 'ninja-build'})")
+    superbuild, configure = _configure_command(spec, jobs)
+    log_path = superbuild / "build.log"
+    build = ["cmake", "--build", str(superbuild)]
+    _run_logged((configure, build), log_path, spec, log)
+    found = find_built(spec)
+    if found is None:
+        raise BuildError(f"build of {spec.key} finished but its binaries are missing; full log: {log_path}")
+    return found
+
+
+def unpack_source(profile: str) -> Path:
+    """The pinned llama.cpp source of `profile`, fetched and unpacked into the cache by the superbuild's
+    configure step alone (nothing is compiled): trees/<profile>/src."""
+    if not is_profile(profile):
+        raise BuildError(f"unknown profile {profile!r}")
+    tree = cache_root() / "trees" / profile / "src"
+    if (tree / ".spec-replay-source").is_file():
+        return tree
+    spec = BuildSpec(profile)
+    superbuild, configure = _configure_command(spec, 2)
+    _run_logged((configure,), superbuild / "configure.log", spec, None)
+    return tree
+
+
+def _configure_command(spec: BuildSpec, jobs: int) -> tuple[Path, list[str]]:
     if not (REPO_ROOT / "CMakeLists.txt").is_file():
         raise BuildError(f"{REPO_ROOT}/CMakeLists.txt not found: install spec-replay from a source checkout (pip install -e .)")
-
     superbuild = cache_root() / "superbuild" / spec.key
     _forget_other_checkout(superbuild)
     superbuild.mkdir(parents=True, exist_ok=True)
-    log_path = superbuild / "build.log"
     configure = [
         "cmake", "-S", str(REPO_ROOT), "-B", str(superbuild), "-G", "Ninja",
         f"-DSPEC_REPLAY_PROFILE={spec.profile}",
@@ -178,9 +201,12 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
         f"-DSPEC_REPLAY_PATCH={Path(spec.patch).resolve() if spec.patch else ''}",
         f"-DSPEC_REPLAY_CPU={spec.cpu}",
     ]
-    build = ["cmake", "--build", str(superbuild)]
+    return superbuild, configure
+
+
+def _run_logged(cmds, log_path: Path, spec: BuildSpec, log) -> None:
     with open(log_path, "w") as log_file:
-        for cmd in (configure, build):
+        for cmd in cmds:
             out = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert out.stdout is not None
             tail: list[str] = []
@@ -192,10 +218,6 @@ def ensure_built(spec: BuildSpec = BuildSpec(), *, jobs: int = 2, log=None) -> B
             if out.wait() != 0:
                 log_file.flush()
                 raise BuildError(f"building {spec.key} failed: {_failure_reason(log_path, tail)}; full log: {log_path}")
-    found = find_built(spec)
-    if found is None:
-        raise BuildError(f"build of {spec.key} finished but its binaries are missing; full log: {log_path}")
-    return found
 
 
 def _forget_other_checkout(superbuild: Path) -> None:

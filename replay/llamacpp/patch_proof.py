@@ -282,13 +282,9 @@ HEADERS = ["setup", "check", "endpoint", "stream", "mode", "seeds", "tokens", "r
 
 
 def pinned_tree(profile: str) -> Path:
-    """The unpacked pinned source of a profile (unpacked by its first build)."""
-    from ..paths import cache_root
-    from .build import BuildSpec, ensure_built
-    tree = cache_root() / "trees" / profile / "src"
-    if not (tree / "tools" / "server" / "server-context.cpp").is_file():
-        ensure_built(BuildSpec(profile))
-    return tree
+    """The unpacked pinned source of a profile (fetched and unpacked, not built, on first use)."""
+    from .build import unpack_source
+    return unpack_source(profile)
 
 
 def saved_patch(diff: str, name: str) -> Path:

@@ -121,6 +121,7 @@ def test_without_probabilities_the_patch_changes_nothing(patched_b11434, b11434,
 
 @pytest.mark.model
 @pytest.mark.live_server
+@pytest.mark.other_builds
 def test_patched_0c1e570_server_reports_real_values(smollm2, smollm2_draft):
     unpatched = ensure_built(BuildSpec("0c1e570", cpu="native"))
     diff = server_patch(pinned_tree("0c1e570")).diff

@@ -1,9 +1,10 @@
 """`trace` reproduces the real b11434 server's speculative loop token for token.
 
-For every configuration the issue names, 20 seeds each: the server answers a
+For every configuration the issue names, 12 seeds each: the server answers a
 /completion request (recorded as a transcript), and `spec-replay trace` must
 reproduce every emitted token and the server's `timings.draft_n` and
-`timings.draft_n_accepted` totals from the same seed.
+`timings.draft_n_accepted` totals from the same seed: the first request alone, and
+all of them as one JSONL traced in order.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from replay.llamacpp.record import RequestItem, record_one
 from replay.transcripts.format import dumps
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
-SEEDS = range(1, 21)
+SEEDS = range(1, 13)
 REPEAT = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, wrote the weather in "
           "his book, and watched the ships pass slowly along the dark coast until morning came. ")
 
@@ -40,6 +41,14 @@ CONFIGS = {
 }
 
 
+def _check_against(res: dict, t: dict, seed: int) -> None:
+    """trace's result for one record equals the server's: every emitted id and its draft totals."""
+    assert res["reproduced"] is True, (seed, res["first_divergence"], res["draft_n"], res["server_draft_n"])
+    assert [e["id"] for e in res["emitted"]] == t["response"]["tokens"], seed
+    srv_t = t["response"]["timings"]
+    assert (res["draft_n"], res["draft_n_accepted"]) == (srv_t.get("draft_n", 0), srv_t.get("draft_n_accepted", 0)), seed
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft, tmp_path):
     model_key, draft_key, types, sampling, temp, prompt, n_predict = CONFIGS[name]
@@ -48,33 +57,29 @@ def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft,
     cfg = ServerConfig(model, draft_model=draft, spec_types=types, draft_sampling=sampling,
                        n_ctx=2048 if model_key == "smol" else 256)
     srv = start_server(cfg)
-    drafted = accepted = 0
+    recorded = []
     for seed in SEEDS:
         body = {"prompt": prompt, "n_predict": n_predict, "n_probs": 1, "temperature": temp, "seed": seed}
-        t = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
-        path = tmp_path / f"{seed}.json"
-        path.write_text(dumps(t))
-        args = ["trace", str(path), "-m", str(model), "--json"] + (["-md", str(draft)] if draft else [])
-        if any(t in ("ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache") for t in types) and seed != SEEDS[0]:
-            continue  # their state outlives requests: only traceable in sequence (below)
-        r = CliRunner().invoke(main, args)
-        assert r.exit_code == 0, f"seed {seed}: {r.output[-2000:]}"
-        res = json.loads(r.stdout)
-        assert res["reproduced"] is True, (seed, res["first_divergence"], res["draft_n"], res["server_draft_n"])
-        assert [e["id"] for e in res["emitted"]] == t["response"]["tokens"]
-        drafted += res["draft_n"]
-        accepted += res["draft_n_accepted"]
-        srv_t = t["response"]["timings"]
-        assert (res["draft_n"], res["draft_n_accepted"]) == (srv_t.get("draft_n", 0), srv_t.get("draft_n_accepted", 0))
-    assert drafted > 0, "the configuration never drafted: the test would prove nothing"
-    # the same 20 requests as one JSONL, traced in order: drafter state that outlives a request
-    # (ngram-mod's table) must carry over exactly as on the server
-    jsonl = tmp_path / "all.jsonl"
-    jsonl.write_text("".join(json.dumps(json.loads((tmp_path / f"{s}.json").read_text())) + "\n" for s in SEEDS))
-    args = ["trace", str(jsonl), "-m", str(model), "--json"] + (["-md", str(draft)] if draft else [])
-    r = CliRunner().invoke(main, args)
+        recorded.append(record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block()))
+    draft_args = ["-md", str(draft)] if draft else []
+    # the first request alone, as a single-record transcript
+    one = tmp_path / "first.json"
+    one.write_text(dumps(recorded[0]))
+    r = CliRunner().invoke(main, ["trace", str(one), "-m", str(model), "--json", *draft_args])
     assert r.exit_code == 0, r.output[-2000:]
-    assert all(x["reproduced"] for x in json.loads(r.stdout)["records"])
+    _check_against(json.loads(r.stdout), recorded[0], SEEDS[0])
+    # every request as one JSONL, traced in order: drafter state that outlives a request (ngram-mod's
+    # table, ngram-cache) must carry over exactly as on the server; each record from its own seed
+    jsonl = tmp_path / "all.jsonl"
+    jsonl.write_text("".join(json.dumps(t) + "\n" for t in recorded))
+    r = CliRunner().invoke(main, ["trace", str(jsonl), "-m", str(model), "--json", *draft_args])
+    assert r.exit_code == 0, r.output[-2000:]
+    results = json.loads(r.stdout)["records"]
+    assert len(results) == len(SEEDS)
+    for res, t, seed in zip(results, recorded, SEEDS):
+        _check_against(res, t, seed)
+    drafted, accepted = sum(x["draft_n"] for x in results), sum(x["draft_n_accepted"] for x in results)
+    assert drafted > 0, "the configuration never drafted: the test would prove nothing"
     if sampling == "probabilistic" or model_key == "tiny":
         assert accepted < drafted, "no rejection ever happened"
 
@@ -102,6 +107,7 @@ def server_0c1e570():
     return ensure_built(BuildSpec("0c1e570", cpu="native"))
 
 
+@pytest.mark.other_builds
 @pytest.mark.parametrize("types,temp", [(("draft-simple",), 0.0), (("draft-simple",), 1.0), (("ngram-mod",), 0.0)],
                          ids=["draft-simple-t0", "draft-simple-t1", "ngram-mod"])
 def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, types, temp):
@@ -120,6 +126,6 @@ def test_trace_reproduces_the_0c1e570_server(server_0c1e570, smollm2, tmp_path, 
     r = CliRunner().invoke(main, ["trace", str(jsonl), "-m", str(smollm2), "--json"] + (["-md", str(draft)] if draft else []))
     assert r.exit_code == 0, r.output[-2000:]
     recs = json.loads(r.stdout)["records"]
-    assert len(recs) == 20 and all(x["reproduced"] for x in recs)
+    assert len(recs) == len(SEEDS) and all(x["reproduced"] for x in recs)
     assert sum(x["draft_n"] for x in recs) > 0
     assert all(s["rule"] != "rejection" for x in recs for s in x["steps"])

@@ -17,6 +17,7 @@ from ..kernels.choice import EXACT, KernelChoice, KernelsError, choose_variant
 from ..kernels.probe import Probe, probe_record, probe_variants
 from ..kernels.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from ..runtime import binding
+from ..transcripts.entries import n_prompt_cached
 from ..transcripts.readers import Record
 
 
@@ -92,7 +93,16 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
             probes = probe_variants(can, text=text, source=source, request=request, index=k, model=model, flags=flags,
                                     options=options, libllama=bin_dir, progress=said,
                                     until_exact=None if every else EXACT)
-            choice = choose_variant(probes, record=k, allow_nearest=allow, not_runnable=beyond)
+            try:
+                choice = choose_variant(probes, record=k, allow_nearest=allow, not_runnable=beyond)
+            except KernelsError:
+                if not n_prompt_cached(records[k].final()):
+                    raise
+                # its prompt came partly from the server's cache (no record here evaluated its prompt in
+                # full): a disagreement may be the cache, not the kernels; the record's own judgement says
+                choice = KernelChoice(can[0], "default", record=k, diffs=tuple((p.variant, p.diff) for p in probes),
+                                      why=f"record {k + 1}'s prompt came partly from the server's cache, so its first "
+                                          "entry cannot tell the kernels")
     binding.use_cpu_variant(choice.variant)
     if not quiet:
         click.echo(f"kernels: {choice.describe()}", err=True)

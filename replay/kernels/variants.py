@@ -36,23 +36,14 @@ class Variant:
             widest = "AMX"
         elif "AVX512" in f:
             widest = " ".join(["AVX-512"] + [x.removeprefix("AVX512_") for x in self.features if x.startswith("AVX512_")])
-        elif "AVX_VNNI" in f:
-            widest = "AVX2 VNNI"
-        elif "AVX2" in f:
-            widest = "AVX2"
-        elif "FMA" in f:
-            widest = "AVX FMA"
-        elif "F16C" in f:
-            widest = "AVX F16C"
-        elif "AVX" in f:
-            widest = "AVX"
-        elif "SSE42" in f:
-            widest = "SSE4.2"
         else:
-            widest = "SSE2"
+            widest = next((name for feat, name in _WIDEST if feat in f), "SSE2")
         return f"{self.name} ({widest})"
 
 
+# below AVX-512: the widest feature a variant has, as the label names it
+_WIDEST = (("AVX_VNNI", "AVX2 VNNI"), ("AVX2", "AVX2"), ("FMA", "AVX FMA"), ("F16C", "AVX F16C"), ("AVX", "AVX"),
+           ("SSE42", "SSE4.2"))
 _HSW = ("SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2")
 # ggml/src/CMakeLists.txt:494-518, in its order (x86, not MSVC)
 VARIANTS: dict[str, Variant] = {v.name: v for v in (

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from replay.kernels.choice import EXACT, KernelsError, choose_variant
-from replay.kernels.probe import Probe, probe_record
+from replay.kernels.probe import Probe, probe_record, witnesses
 from replay.kernels.variants import VARIANTS, host_cpu_flags, runnable, score
 from replay.paths import FIXTURES
 from replay.transcripts.readers import read_text
@@ -41,35 +41,54 @@ def test_this_hosts_flags_are_read():
 
 
 def test_the_exact_variant_is_chosen_and_its_equals_are_named():
-    c = choose_variant([Probe("haswell", 0.031), Probe("piledriver", 0.0), Probe("ivybridge", 0.0),
-                        Probe("x64", 0.002)], record=0)
+    c = choose_variant([Probe("haswell", 0.031, record=0), Probe("piledriver", 0.0, record=0),
+                        Probe("ivybridge", 0.0, record=0), Probe("x64", 0.002, record=0)])
     assert (c.variant, c.how, c.equal) == ("piledriver", "matched", ("ivybridge",))
     assert c.describe() == "piledriver (AVX FMA), matched on the first entry of record 1 (as exactly: ivybridge)"
 
 
 def test_a_difference_of_one_float32_rounding_is_exact_and_more_is_not():
-    assert choose_variant([Probe("x64", EXACT)], record=0).how == "matched"
+    assert choose_variant([Probe("x64", EXACT, record=0)]).how == "matched"
     with pytest.raises(KernelsError):
-        choose_variant([Probe("x64", 3 * EXACT)], record=0)
+        choose_variant([Probe("x64", 3 * EXACT, record=0)])
 
 
 def test_no_match_is_refused_in_one_line_naming_the_nearest_and_the_causes():
     with pytest.raises(KernelsError) as e:
-        choose_variant([Probe("haswell", 0.019), Probe("x64", 0.047)], record=2, not_runnable=["zen4"])
+        choose_variant([Probe("haswell", 0.019, record=2), Probe("x64", 0.047, record=2)], not_runnable=["zen4"])
     msg = str(e.value)
     assert "\n" not in msg and "record 3" in msg and "nearest haswell (AVX2) 0.019" in msg
     assert "GPU" in msg and "zen4" in msg and "--server-backend" in msg
 
 
 def test_no_match_is_the_nearest_only_when_allowed_and_says_why():
-    c = choose_variant([Probe("haswell", 0.019), Probe("x64", 0.047)], record=0, allow_nearest="a 4-slot server")
+    c = choose_variant([Probe("haswell", 0.019, record=0), Probe("x64", 0.047, record=0)],
+                       allow_nearest="--server-backend")
     assert (c.variant, c.how, c.diff) == ("haswell", "nearest", 0.019)
-    assert "a 4-slot server" in c.describe() and "0.019 nats off" in c.describe()
+    assert "--server-backend" in c.describe() and "0.019 nats off" in c.describe()
+
+
+def test_a_shared_batch_witness_that_matches_exactly_names_the_kernels():
+    """On a 4-slot server a record computed alone is exact on the server's kernels, whatever the
+    others' batches did to theirs (measured: records 1 and 7 of 8 concurrent, on x64)."""
+    c = choose_variant([Probe("haswell", 0.053, record=5), Probe("x64", 0.0, record=0)], shared="a 4-slot server")
+    assert (c.variant, c.how, c.record) == ("x64", "matched", 0)
+
+
+def test_shared_batches_with_no_exact_witness_leave_the_kernels_unknown_not_the_nearest():
+    """Sharing moved a first entry 0.03 to 0.24 nats, and made piledriver the nearest to an x64 server's
+    (measured): the nearest means nothing then, so the host's best is used and the kernels are unknown."""
+    c = choose_variant([Probe("haswell", 0.053, record=5), Probe("piledriver", 0.03, record=5),
+                        Probe("x64", 0.11, record=5)], shared="a 4-slot server (/props total_slots)",
+                       allow_nearest="--server-backend")
+    assert (c.variant, c.how, c.diff) == ("haswell", "unknown", None)
+    assert c.describe().startswith("haswell (AVX2), this host's best; the server's kernels are unknown (a 4-slot "
+                                   "server (/props total_slots); no variant reproduces the first entry of record 6")
 
 
 def test_variants_that_could_not_be_evaluated_are_an_error_not_a_choice():
     with pytest.raises(KernelsError, match="could not be evaluated"):
-        choose_variant([Probe("x64", None, "the worker process died")], record=0)
+        choose_variant([Probe("x64", None, "the worker process died", record=0)])
 
 
 def _record(first_logprob, top, cached=0):
@@ -89,6 +108,43 @@ def test_the_probed_record_is_the_first_whose_prompt_the_server_evaluated_in_ful
     assert probe_record(recs[:1]) is None
 
 
+def test_a_transcript_with_shared_batches_offers_several_witnesses_full_prompts_first():
+    top = [{"id": 1, "token": "a", "bytes": [97], "logprob": -0.5}]
+    lines = [_record(-0.5, top, cached=2)] + [_record(0.0, [])] + [_record(-0.5, top)] * 5
+    recs = read_text("".join(json.dumps(r) + "\n" for r in lines), "t.jsonl")
+    assert witnesses(recs) == [2]
+    assert witnesses(recs, shared=True, limit=4) == [2, 3, 4, 5]
+    assert witnesses(recs[:3], shared=True) == [2, 0]
+
+
 def test_a_committed_transcript_has_a_real_first_entry():
     recs = read_text((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text(), "tiny")
     assert probe_record(recs) == 0
+
+
+def test_variants_equal_on_the_prompt_batch_but_not_on_one_token_decodes_are_refused_not_guessed():
+    """Measured on long prompts: sse42 and x64 reproduce an x64 server's first entry bit for bit, and
+    their one-token decodes are 0.1 to 0.6 nats apart; taking the first exact (sse42) filled every
+    value that far from the server's."""
+    ps = [Probe("haswell", 0.078, record=0), Probe("sse42", 0.0, record=7, decode=(-1.2, -1.2, -2.0)),
+          Probe("x64", 0.0, record=7, decode=(-1.3, -1.3, -1.9))]
+    with pytest.raises(KernelsError) as e:
+        choose_variant(ps, tolerance=5e-4)
+    msg = str(e.value)
+    assert "\n" not in msg and "record 8" in msg and "sse42, x64" in msg and "--server-cpu" in msg
+
+
+def test_variants_equal_on_both_are_one_class_and_the_most_capable_is_used():
+    ps = [Probe("haswell", 0.0, record=0, decode=(-1.2, -2.0)), Probe("piledriver", 0.0, record=0, decode=(-1.2, -2.0)),
+          Probe("x64", 0.12, record=0, decode=(-1.4, -1.9))]
+    c = choose_variant(ps)
+    assert (c.variant, c.how, c.equal) == ("haswell", "matched", ("piledriver",))
+
+
+def test_equal_variants_whose_decodes_differ_within_the_tolerance_are_one_class_with_the_spread_named():
+    """f32 weights (the tiny fixtures): every variant reproduces the first entry to 3e-7 and their
+    decodes differ by 5e-5, below the 5e-4 recover promises: the choice moves no value past it."""
+    ps = [Probe("haswell", 1.9e-7, record=0, decode=(-1.2, -2.0)), Probe("x64", 9.7e-8, record=0, decode=(-1.20005, -2.0))]
+    c = choose_variant(ps, tolerance=5e-4)
+    assert (c.variant, c.how, c.equal) == ("haswell", "matched", ("x64",)) and abs(c.spread - 5e-5) < 1e-9
+    assert c.describe().endswith("(as exactly: x64; one-token decodes within 5e-05)")

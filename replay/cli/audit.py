@@ -83,7 +83,7 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
     from ..transcripts.readers import read_text
     from .kernels import choose_kernels
     from .options import choose_libllama
-    body = {"prompt": prompt, "n_predict": 1, "n_probs": max(1, n_probs), "temperature": 0.0, "seed": 1,
+    body = {"prompt": prompt, "n_predict": 2, "n_probs": max(1, n_probs), "temperature": 0.0, "seed": 1,
             "cache_prompt": False}
     try:
         text = json.dumps(record_one(url, make_item(body, "/completion", "check"), {}))
@@ -91,7 +91,7 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
         choose_libllama(libllama, None, None, records, quiet=True)
         choice = choose_kernels(records, text=text, source="<check probe>", request=None,
                                 model=str(Path(model).resolve()), flags={}, options=RecoverOptions(),
-                                server_cpu=None, quiet=quiet, every=True)
+                                server_cpu=None, quiet=quiet)
     except KernelsError as e:
         return {"variant": None, "how": "none", "description": str(e)}
     except SpecReplayError as e:

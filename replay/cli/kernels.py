@@ -13,8 +13,8 @@ from typing import Callable
 
 import click
 
-from ..kernels.choice import EXACT, KernelChoice, KernelsError, choose_variant
-from ..kernels.probe import Probe, probe_record, probe_variants
+from ..kernels.choice import EXACT, KernelChoice, KernelsError, choose_variant, records_named
+from ..kernels.probe import Probe, probe_variants, witnesses
 from ..kernels.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from ..runtime import binding
 from ..transcripts.entries import n_prompt_cached
@@ -39,13 +39,14 @@ def _library_dir() -> Path | None:
 
 
 def choose_kernels(records: list[Record], *, text: str, source: str, request: dict | None, model: str,
-                   flags: dict, options, server_cpu: str | None, quiet: bool = False,
-                   every: bool = False) -> KernelChoice | None:
+                   flags: dict, options, server_cpu: str | None, quiet: bool = False) -> KernelChoice | None:
     """The CPU variant to replay on, made the one the binding loads (here and in workers); None when
     the chosen libllama has no variants. Probing evaluates the first real entry under each variant
-    this host runs, best first, until one is exact (`every`: all of them, to name the variants that
-    compute alike) and keeps the exact one (kernels/choice.py); with nothing exact, KernelsError,
-    unless --server-backend or the transcript's own evidence of shared batches allows the nearest."""
+    this host runs, and keeps the exact one, told apart from others equal to it by their one-token
+    decodes (kernels/choice.py). A transcript that shows batches shared
+    with other requests (several slots, --shared-batches) is probed on several records' first entries;
+    with none exact its kernels are "unknown" and the host's best is used. Otherwise nothing exact is a
+    KernelsError, unless --server-backend allows the nearest."""
     bin_dir = _library_dir()
     present = variants_in(bin_dir) if bin_dir else []
     if not present:
@@ -56,8 +57,8 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
         return None
     if server_cpu is not None and server_cpu not in VARIANTS and server_cpu not in present:
         raise click.UsageError(f"--server-cpu {server_cpu}: not a CPU variant ({', '.join(VARIANTS)})")
-    if binding._loaded is not None:  # in-process reuse (tests, notebooks): what is loaded stays
-        have = binding._loaded_variant
+    loaded, have = binding.variant_in_process()
+    if loaded:  # in-process reuse (tests, notebooks): what is loaded stays
         if server_cpu and server_cpu != have:
             raise KernelsError(f"--server-cpu {server_cpu}: this process already computes with the {have} kernels")
         return KernelChoice(have, "default", why="already loaded in this process")
@@ -74,35 +75,35 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
     elif not can:
         raise KernelsError(f"this CPU runs none of the CPU variants in {bin_dir}")
     else:
-        k = probe_record(records)
-        if k is None:
+        shared = ("--shared-batches" if options.shared_batches else
+                  next((s for s in (r.several_slots(flags.get("n_parallel")) for r in records) if s), None))
+        ks = witnesses(records, shared=shared is not None)
+        if not ks:
             choice = KernelChoice(can[0], "default", why="no record carries a real first entry to tell the kernels by")
         else:
-            allow = ("--server-backend" if options.server_backend else
-                     "--shared-batches" if options.shared_batches else
-                     next((s for s in (r.several_slots(flags.get("n_parallel")) for r in records) if s), None))
             if not quiet:
-                click.echo(f"kernels: evaluating record {k + 1}'s first entry under the CPU variants this host runs, "
-                           f"best first, {'all of them' if every else 'until one reproduces it'} ({', '.join(can)})",
-                           err=True)
+                click.echo(f"kernels: evaluating the first entry of {records_named(ks)} under each CPU variant this "
+                           f"host runs ({', '.join(can)})", err=True)
 
             def said(v: str, p: Probe) -> None:
                 if not quiet:
-                    click.echo(f"  {v:<14} " + (f"{p.diff:.3g} nats off" if p.diff is not None else f"error: {p.error}"),
-                               err=True)
-            probes = probe_variants(can, text=text, source=source, request=request, index=k, model=model, flags=flags,
-                                    options=options, libllama=bin_dir, progress=said,
-                                    until_exact=None if every else EXACT)
+                    click.echo(f"  {v:<14} " + (f"{p.diff:.3g} nats off (record {p.record + 1})" if p.diff is not None
+                                                else f"error: {p.error}"), err=True)
+            probes = probe_variants(can, text=text, source=source, request=request, indices=ks, model=model,
+                                    flags=flags, options=options, libllama=bin_dir, progress=said,
+                                    until_exact=EXACT)
             try:
-                choice = choose_variant(probes, record=k, allow_nearest=allow, not_runnable=beyond)
+                choice = choose_variant(probes, shared=shared, not_runnable=beyond, witnesses=ks,
+                                        tolerance=options.tolerance,
+                                        allow_nearest="--server-backend" if options.server_backend else None)
             except KernelsError:
-                if not n_prompt_cached(records[k].final()):
+                if not all(n_prompt_cached(records[k].final()) for k in ks):
                     raise
                 # its prompt came partly from the server's cache (no record here evaluated its prompt in
                 # full): a disagreement may be the cache, not the kernels; the record's own judgement says
-                choice = KernelChoice(can[0], "default", record=k, diffs=tuple((p.variant, p.diff) for p in probes),
-                                      why=f"record {k + 1}'s prompt came partly from the server's cache, so its first "
-                                          "entry cannot tell the kernels")
+                choice = KernelChoice(can[0], "default", record=ks[0], diffs=tuple((p.variant, p.diff) for p in probes),
+                                      why=f"record {ks[0] + 1}'s prompt came partly from the server's cache, so its "
+                                          "first entry cannot tell the kernels")
     binding.use_cpu_variant(choice.variant)
     if not quiet:
         click.echo(f"kernels: {choice.describe()}", err=True)

@@ -9,7 +9,8 @@ reproduces the entry to the last bit.
 
 A process holds one ggml, so each variant is evaluated in a fresh (spawned) worker process with the
 variant named in its environment (runtime/binding.py: use_cpu_variant); the worker recovers only the
-prompt and the first token (RecoverOptions.first_entry_only). What travels is the transcript text
+prompt and the first 1 + DECODES tokens (RecoverOptions.only_entries): the first to compare with the
+server's, the others, each computed in a one-token decode, as the variant's decode signature (Probe). What travels is the transcript text
 and the record's position, as for `recover --workers` (scale/worker.py).
 """
 from __future__ import annotations
@@ -26,31 +27,54 @@ from ..transcripts.entries import n_prompt_cached, record_entries
 from ..transcripts.readers import Record
 
 
+WITNESSES = 8  # first entries probed per variant when batches may have been shared
+DECODES = 16  # tokens after the first, decoded one at a time, that make a variant's decode signature
+
+
 @dataclass(frozen=True)
 class Probe:
-    """One variant's evaluation of the probed entry: `diff` is the largest |server - replay| over the
-    entry's logprob and its alternatives (nats), None with `error` when it could not be evaluated."""
+    """One variant's evaluation of the witnesses' first entries: `diff` is the smallest, over the
+    witnesses evaluated, of the largest |server - replay| over an entry's logprob and its alternatives
+    (nats), and `record` the witness it came from; None with `error` when none could be evaluated."""
 
     variant: str
     diff: float | None
     error: str | None = None
+    record: int | None = None
+    # the replay's own values (logprob, then its alternatives', token by token) of that record's next
+    # DECODES tokens, each computed in a one-token decode: variants equal on a prompt batch may decode
+    # differently (measured: sse42 and x64 equal on long prompts' first entries, then 0.05 to 0.6 nats
+    # apart from the second, third or fourth token on)
+    decode: tuple[float, ...] | None = None
 
 
-def probe_record(records: Sequence[Record]) -> int | None:
-    """The record whose first entry identifies the kernels: the first with a real first entry (a
-    logprob and alternatives, or a nonzero logprob) whose prompt the server evaluated in full, else
-    the first with a real first entry at all; None when no record carries one.
+def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = WITNESSES) -> list[int]:
+    """The records whose first entries may identify the kernels, best first: those with a real first
+    entry (a logprob and alternatives, or a nonzero logprob) whose prompt the server evaluated in full,
+    then those served partly from its prompt cache (their prompt's KV was computed by an earlier request
+    that may not be in the file: a weaker witness); within each, those sent while the /slots snapshot
+    taken before them showed no slot busy first. One witness suffices on a server that decodes one
+    request at a time. `shared`: the transcript shows batches shared with other requests, which change
+    a first entry themselves (measured: 0.03 to 0.24 nats on SmolLM2 Q4_1 from a 4-slot server under
+    concurrent requests, enough to make another variant the nearest); then up to `limit`, in the hope
+    that one was computed alone.
 
-    A record served from the server's prompt cache had part of its prompt's KV computed by an earlier
-    request that may not be in the file: its first entry is then a weaker witness."""
-    real = []
+    >>> witnesses([])
+    []
+    """
+    keys = []
     for k, rec in enumerate(records):
         entries = record_entries(rec)
         if entries and (entries[0].top or entries[0].logprob != 0.0):
-            real.append(k)
-            if not n_prompt_cached(rec.final()):
-                return k
-    return real[0] if real else None
+            busy = any(isinstance(s, dict) and s.get("is_processing") for s in (rec.snapshot_slots or []))
+            keys.append((bool(n_prompt_cached(rec.final())), busy, k))
+    return [k for *_, k in sorted(keys)][:limit if shared else 1]
+
+
+def probe_record(records: Sequence[Record]) -> int | None:
+    """The best witness of the kernels (witnesses), or None when no record carries a real first entry."""
+    found = witnesses(records)
+    return found[0] if found else None
 
 
 def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover - runs in the child
@@ -60,49 +84,69 @@ def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover
     os.environ[binding.VARIANT_ENV] = variant
 
 
-def _child_probe(text: str, source: str, request: dict | None, index: int, model: str, flags: dict,
-                 options, variant: str) -> tuple[float | None, str | None]:  # pragma: no cover - in the child
+def _child_probe(text: str, source: str, request: dict | None, indices: Sequence[int], model: str, flags: dict,
+                 options, variant: str, exact: float | None
+                 ) -> list[tuple[int, float | None, str | None, tuple | None]]:  # pragma: no cover - in the child
     from ..recovery.recover import Recoverer
     from ..runtime.binding import loaded_variant
     from ..transcripts.readers import read_text
     try:
         if loaded_variant() != variant:
-            return None, f"loaded {loaded_variant()} instead of {variant}"
-        rec = read_text(text, source, request)[index]
-        r = Recoverer(model, flags, replace(options, first_entry_only=True))
-        try:
-            rep = r.recover(rec).report
-        finally:
-            r.close()
+            return [(indices[0], None, f"loaded {loaded_variant()} instead of {variant}", None)]
+        records = read_text(text, source, request)
+        r = Recoverer(model, flags, replace(options, only_entries=1 + DECODES))
     except SpecReplayError as e:
-        return None, str(e)
-    pairs = rep.tokens[0].real_pairs if rep.tokens else ()
-    if not pairs:
-        return None, rep.error or "the first entry carries no real value to compare"
-    return max(abs(a - b) for a, b in pairs), None
+        return [(indices[0], None, str(e), None)]
+    out: list[tuple[int, float | None, str | None, tuple | None]] = []
+    try:
+        for k in indices:
+            try:
+                rep = r.recover(records[k]).report
+            except SpecReplayError as e:
+                out.append((k, None, str(e), None))
+                continue
+            pairs = rep.tokens[0].real_pairs if rep.tokens else ()
+            if not pairs:
+                out.append((k, None, rep.error or "the first entry carries no real value to compare", None))
+                continue
+            later = [t for t in rep.tokens[1:] if t.true_logprob is not None]
+            decode = tuple(v for t in later for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))) or None
+            out.append((k, max(abs(a - b) for a, b in pairs), None, decode))
+            if exact is not None and out[-1][1] <= exact:
+                break
+    finally:
+        r.close()
+    return out
 
 
-def probe_variants(variants: Sequence[str], *, text: str, source: str, request: dict | None, index: int,
-                   model: str | Path, flags: dict, options, libllama: Path | None,
+def probe_variants(variants: Sequence[str], *, text: str, source: str, request: dict | None,
+                   indices: Sequence[int], model: str | Path, flags: dict, options, libllama: Path | None,
                    progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None) -> list[Probe]:
-    """Evaluate record `index`'s first entry under each of `variants` (one spawned process each, one
-    after another: each uses the machine's cores), stopping at the first within `until_exact` when
-    given (`variants` best first: a transcript from a machine of this host's class costs one). A worker
-    that dies is that variant's error."""
+    """Evaluate the first entries of records `indices` (witnesses, best first) under each of `variants`
+    (one spawned process each, one after another: each uses the machine's cores). With `until_exact`, a
+    variant's witnesses are evaluated until one is within it, and once a variant has such a witness the
+    variants after it evaluate that witness only: every variant is probed, since the ones that equal the
+    server's on it must also be told apart by their one-token decodes (Probe.decode). A worker that dies
+    is that variant's error."""
     out: list[Probe] = []
     ctx = mp.get_context("spawn")
     for v in variants:
+        if until_exact is not None and any(p.diff is not None and p.diff <= until_exact for p in out):
+            indices = [next(p.record for p in out if p.diff is not None and p.diff <= until_exact)]
         try:
             with cf.ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_init,
                                         initargs=(str(libllama) if libllama else None, v)) as pool:
-                diff, err = pool.submit(_child_probe, text, source, request, index, str(model), dict(flags),
-                                        options, v).result()
+                got = pool.submit(_child_probe, text, source, request, list(indices), str(model), dict(flags),
+                                  options, v, until_exact).result()
         except cf.process.BrokenProcessPool:
-            diff, err = None, "the worker process died"
-        probe = Probe(v, diff, err)
+            got = [(indices[0], None, "the worker process died", None)]
+        measured = [(d, k, sig) for k, d, _, sig in got if d is not None]
+        if measured:
+            diff, k, sig = min(measured, key=lambda m: (m[0], m[1]))
+            probe = Probe(v, diff, record=k, decode=sig)
+        else:
+            probe = Probe(v, None, "; ".join(dict.fromkeys(e for _, _, e, _ in got if e)), record=got[0][0])
         out.append(probe)
         if progress is not None:
             progress(v, probe)
-        if until_exact is not None and diff is not None and diff <= until_exact:
-            break
     return out

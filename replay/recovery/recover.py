@@ -49,7 +49,7 @@ class RecoverOptions:
     chunk: int = 1  # generated tokens per decode call: 1 = the server's schedule (see evaluate.py)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
     shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
-    first_entry_only: bool = False  # evaluate the prompt and the first generated token only (kernels/probe.py)
+    only_entries: int = 0  # evaluate the prompt and only this many generated tokens; 0: all (kernels/probe.py)
     cpu: Any = None  # kernels/choice.py KernelChoice: the CPU variant this run replays on (None: one linked in)
 
 
@@ -206,7 +206,7 @@ class Recoverer:
                                 prefix=prefix, spans=spans, suppress_tokens=rep.shape.era.suppress_tokens,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 evaluated.append(truth)
-                if self.options.first_entry_only:
+                if self.options.only_entries and len(evaluated) >= self.options.only_entries:
                     break
         except Unaligned as e:
             unaligned = e
@@ -223,7 +223,7 @@ class Recoverer:
         rep.kernels = kernels_differ(rep.server_backend, self.backend)
         if self.options.cpu is not None:
             rep.cpu = self.options.cpu.to_json()
-            if self.options.cpu.how == "nearest" and rep.kernels is None:
+            if self.options.cpu.how in ("nearest", "unknown") and rep.kernels is None:
                 rep.kernels = f"no CPU variant here reproduces the server's kernels ({self.options.cpu.describe()})"
         shared = rec.several_slots(self.flags.get("n_parallel")) or (
             "--shared-batches" if self.options.shared_batches else None)

@@ -237,6 +237,11 @@ def use_cpu_variant(name: str | None) -> None:
         os.environ[VARIANT_ENV] = name
 
 
+def variant_in_process() -> tuple[bool, str | None]:
+    """(whether libllama is loaded in this process, its CPU variant), without loading it."""
+    return _loaded is not None, _loaded_variant
+
+
 def loaded_variant() -> str | None:
     """The CPU variant in use (None: the library links one ggml-cpu in), loading the binding if needed."""
     load()

@@ -58,7 +58,7 @@ _silent_log = None  # module-level so llama.cpp never calls a freed callback
 
 @pytest.fixture(scope="module")
 def lc():
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp  # a dependency (pyproject.toml): its absence is a broken install, not a skip
     llama_cpp.llama_backend_init()
 
     global _silent_log

@@ -110,3 +110,65 @@ def test_glibc_expf_is_the_c_librarys():
                         np.float32([0.0, -1e-7, -87.3, -103.9, -104.0, -200.0])])
     want = np.array([libm_expf(v) for v in x], dtype=np.float32)
     assert np.array_equal(glibc_expf(x).view(np.uint32), want.view(np.uint32))
+
+
+SORT_CPP = r"""
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+struct td { int id; float logit; float p; };  // llama_token_data
+int main() {
+    char what[4]; int n;
+    while (std::scanf("%3s %d", what, &n) == 2) {
+        std::vector<td> v(n);
+        for (int i = 0; i < n; ++i) { v[i].id = i; v[i].logit = 0; std::scanf("%a", &v[i].p); }
+        auto comp = [](const td & a, const td & b) { return a.p > b.p; };  // common/sampling.cpp:867-869
+        if (what[0] == 's') std::sort(v.begin(), v.end(), comp);
+        else std::partial_sort(v.begin(), v.end(), v.end(), comp);  // introsort's depth-0 fallback
+        for (auto & x : v) std::printf("%d ", x.id);
+        std::printf("\n");
+    }
+}
+"""
+
+
+def _hostile_rows() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    rows = [np.zeros(0), np.ones(1), np.full(16, 0.5), np.full(17, 0.5), np.full(200, 0.25),
+            np.arange(40, dtype=float), np.arange(40, dtype=float)[::-1]]
+    for n in (5, 16, 17, 18, 31, 33, 100, 1000, 49152):
+        rows.append(rng.integers(0, max(2, n // 8), n).astype(float))        # many ties
+        rows.append(np.round(rng.dirichlet(np.ones(n)), 3))                  # ties at the tail, zeros
+    p = rng.dirichlet(np.ones(4096)).astype(np.float32)
+    p[rng.integers(0, 4096, 3000)] = 0.0                                     # grammar-masked zeros
+    rows.append(p.astype(float))
+    return [r.astype(np.float32) for r in rows]
+
+
+def test_std_sort_leaves_equal_probabilities_where_libstdcxx_does(compile_cpp):
+    """common_sampler_get_candidates sorts with std::sort (introsort, not stable): on rows with ties,
+    over and under the 16-entry insertion threshold, and 49,152 candidates (SmolLM2's vocabulary,
+    `--top-k 0`), the emulation puts every id where g++'s std::sort does, and its heap-sort fallback
+    where std::partial_sort(first, last, last) does."""
+    from replay.numerics.stdsort import _heap_sort, std_sort_order
+    from replay.runtime.sampler import TIE_WINDOW, server_order
+    exe = compile_cpp("std_sort", SORT_CPP)
+    rows = _hostile_rows()
+    text = "".join(f"{w} {len(r)} " + " ".join(float(x).hex() for x in r) + "\n" for r in rows for w in ("s", "h"))
+    out = subprocess.run([str(exe)], input=text, capture_output=True, text=True, check=True, timeout=120).stdout
+    lines = out.split("\n")
+    for j, r in enumerate(rows):
+        want_sort = [int(x) for x in lines[2 * j].split()]
+        want_heap = [int(x) for x in lines[2 * j + 1].split()]
+        assert std_sort_order(r) == want_sort, (j, len(r))
+        k, ix = [float(x) for x in r], list(range(len(r)))
+        _heap_sort(k, ix, 0, len(r))
+        assert ix == want_heap, (j, len(r))
+        # the sampler's order (stable unless ties meet where the order is reported: the first TIE_WINDOW
+        # entries with p > 0, post_sampling stops at a zero) is g++'s there
+        def reported(order):
+            return [i for i in order[:TIE_WINDOW] if r[i] > 0]
+        assert reported(server_order(r).tolist()) == reported(want_sort), (j, len(r))
+        stable = list(np.argsort(-r, kind="stable"))
+        if j == 4:
+            assert want_sort[:TIE_WINDOW] != stable[:TIE_WINDOW]  # a stable sort would list other ids

@@ -135,3 +135,15 @@ def test_truncated_gguf(tmp_path):
     m.write_bytes(tiny_target().read_bytes()[:300])
     r = run("diff", t, "-m", m)
     assert r.exit_code == 1 and "truncated" in one_error(r)
+
+
+def test_a_model_that_fails_to_load_closes_quietly(tmp_path):
+    """A failed Model() used to print `Exception ignored in _Owner.__del__` with a traceback (it had no
+    _contexts yet): the one-line error is all the user sees."""
+    import subprocess
+    import sys
+    code = ("import gc\nfrom replay.errors import SpecReplayError\nfrom replay.runtime.llama import Model\n"
+            f"try:\n    Model({str(tmp_path / 'nope.gguf')!r})\nexcept SpecReplayError as e:\n    print(e)\ngc.collect()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "not found" in p.stdout, p.stdout + p.stderr
+    assert "Exception ignored" not in p.stderr and "Traceback" not in p.stderr, p.stderr

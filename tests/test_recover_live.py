@@ -74,7 +74,9 @@ def test_recovered_values_equal_the_unspeculated_server(self_draft_server, plain
     fixed, truth = _probs(repaired), _probs(plain)
     # every token the plain server reported must be in the repaired file with its values
     fixed_ids = [p.id for p in fixed]
-    assert [p.id for p in truth] == fixed_ids[:len(truth)] or set(p.id for p in truth) <= set(fixed_ids)
+    # in order; the repaired file may hold more (tokens the server held back inside a UTF-8 character)
+    rest = iter(fixed_ids)
+    assert all(any(f == p.id for f in rest) for p in truth), ([p.id for p in truth], fixed_ids)
     j = 0
     worst = 0.0
     for t in truth:

@@ -123,3 +123,19 @@ def test_every_flag_is_spelled_as_in_the_servers_arg_parser(b11434):
     declared = [tuple(re.findall(r'"(-[^"]+)"', m)) for m in re.findall(r"common_arg\(\s*\{([^}]*)\}", source)]
     for s in SETTINGS:
         assert any(set(s.names) <= set(names) for names in declared), f"{s.names} not declared together in arg.cpp"
+
+
+def test_every_speculative_type_of_b11434_is_in_the_table_and_the_unreplayable_are_refused_by_name():
+    """common/speculative.cpp:72-84 lists draft-dspark; it was missing, and click rejected it."""
+    from replay.loop.replayable import PRIORITY, UNSUPPORTED
+    from replay.settings.table import SPEC_TYPES
+    assert set(SPEC_TYPES) == {"none", *PRIORITY, *UNSUPPORTED}
+    assert "draft-dspark" in UNSUPPORTED and "hidden states" in UNSUPPORTED["draft-dspark"]
+
+
+def test_every_kv_cache_type_the_table_accepts_has_a_ggml_type():
+    """-ctk iq4_nl was accepted by the table and raised KeyError in Context: one table now."""
+    from replay.runtime.cache_types import GGML_CACHE_TYPES
+    from replay.settings.table import BY_ATTR
+    assert BY_ATTR["cache_type_k"].choices == tuple(GGML_CACHE_TYPES) == BY_ATTR["cache_type_v"].choices
+    assert GGML_CACHE_TYPES["iq4_nl"] == 20  # GGML_TYPE_IQ4_NL, ggml/include/ggml.h

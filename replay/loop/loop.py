@@ -154,6 +154,24 @@ class HeldMemory:
                 c.close()
 
 
+def utf8_complete(text: bytes) -> int:
+    """How many leading bytes of `text` the server counts as whole characters (validate_utf8,
+    tools/server/server-common.cpp:944-969): it looks at the last four bytes for a lead byte whose
+    sequence is cut off, and counts everything when there is none (invalid bytes included).
+
+    >>> utf8_complete("café".encode()), utf8_complete("café".encode()[:-1]), utf8_complete("🌊".encode()[:3])
+    (5, 3, 0)
+    >>> utf8_complete(bytes([97, 255]))   # an invalid byte is not a cut-off character
+    2
+    """
+    n = len(text)
+    for i in range(1, min(4, n) + 1):
+        c = text[n - i]
+        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
+            return n - i
+    return n
+
+
 class SpeculativeLoop:
     """Iterate the server's steps for one request; `emitted` grows as steps run.
 
@@ -458,9 +476,10 @@ class SpeculativeLoop:
                                     cands=cands[:CANDS_KEPT].copy(), how=how[1],
                                     best_logits={int(i): float(logits[i]) for i in best} | {tok: float(logits[tok])}))
         self.text += self.target.piece(tok, special=False)
-        text = self.text.decode("utf-8", "ignore")
         lim = self.limits
-        if any(s and s in text for s in lim.stop):
+        # the server looks for stop strings only while the text ends in a whole UTF-8 character, in its
+        # bytes (:1977-1996)
+        if utf8_complete(self.text) == len(self.text) and any(s and s.encode() in self.text for s in lim.stop):
             return False
         if self.target.is_eog(tok):
             return False

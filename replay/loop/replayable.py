@@ -13,7 +13,25 @@ UNSUPPORTED = {
     "draft-mtp": "MTP heads " + _HIDDEN_STATES,
     "draft-eagle3": "EAGLE-3 " + _HIDDEN_STATES,
     "draft-dflash": "DFlash " + _HIDDEN_STATES,
+    "draft-dspark": "DSpark (DFlash's block drafter with a Markov head, common/speculative.cpp:1006) " + _HIDDEN_STATES,
 }
+
+
+def drafts_with_model(spec, era: Era) -> bool:
+    """Does this server draft with its draft model (-md)? With draft-simple among its types, or, in era C
+    (b9246..b9453: Era.md_auto_draft), with -md alone: "'draft' speculative type is not explicitly
+    enabled - enabling it" (common/speculative.cpp of those builds).
+
+    >>> from types import SimpleNamespace as S
+    >>> from replay.loop.eras import BY_KEY
+    >>> drafts_with_model(S(spec_types=("none",), draft_model="d.gguf"), BY_KEY["C"])
+    True
+    >>> drafts_with_model(S(spec_types=("none",), draft_model="d.gguf"), BY_KEY["D"])
+    False
+    """
+    if not spec.draft_model:
+        return False
+    return "draft-simple" in spec.spec_types or era.md_auto_draft
 
 
 def check_replayable(spec, era: Era, *, has_draft_model: bool) -> None:

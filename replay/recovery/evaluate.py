@@ -189,16 +189,37 @@ def _check_room(ctx: Context, n: int) -> None:
                          "pass a larger --ctx-size")
 
 
+def stateful_sampler(params) -> str | None:
+    """The sampler in the chain whose state follows the token it selects, or None: mirostat (its mu,
+    llama-sampler.cpp: llama_sampler_mirostat_apply) and adaptive-p (its running average of the
+    selected token's probability, active for a target >= 0).
+
+    >>> from replay.settings.sampling import SamplingParams
+    >>> stateful_sampler(SamplingParams(mirostat=2)), stateful_sampler(SamplingParams()) is None
+    ('mirostat 2', True)
+    """
+    if params.mirostat:
+        return f"mirostat {params.mirostat}"
+    if "adaptive_p" in params.samplers and params.adaptive_target >= 0:
+        return "adaptive-p"
+    return None
+
+
 def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
            n_top: int, *, post: bool, chunk: int = 1, pieces: PieceIndex | None = None,
-           prefix: Prefix = FRESH, spans: MessageSpans = NO_SPANS, suppress_tokens: bool = True) -> Iterator[Truth]:
+           prefix: Prefix = FRESH, spans: MessageSpans = NO_SPANS, suppress_tokens: bool = True,
+           single_draw: bool = True) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
-    emitted token accepted after its position) for post-sampling values; `suppress_tokens` is the
-    build's chain rule (loop/eras.py).
+    emitted token accepted after its position) for post-sampling values; `suppress_tokens` and
+    `single_draw` are the build's chain rules (loop/eras.py). A chain with state that follows the
+    token it selects itself (mirostat's mu, adaptive-p's running average: stateful_sampler) is exact
+    only while it selects the token the server emitted; where it does not, a TranscriptError says so.
     """
-    chain = SamplerChain(model, settings.params, settings.grammar, suppress_tokens=suppress_tokens) if post else None
+    chain = SamplerChain(model, settings.params, settings.grammar, suppress_tokens=suppress_tokens,
+                         single_draw=single_draw) if post else None
+    stateful = stateful_sampler(settings.params) if post else None
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
@@ -210,7 +231,13 @@ def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence
             logprob, top = pre_sampling(logits, tok, n_top)
             t = Truth(index=index, id=tok, item=item, logprob=logprob, top=top)
             if chain is not None:
-                cands, _sel = chain.sample(logits)  # with a grammar, masked only when it resampled
+                cands, sel = chain.sample(logits)  # with a grammar, masked only when it resampled
+                if stateful and int(cands["id"][sel]) != tok:
+                    raise TranscriptError(
+                        f"generated token {index}: {stateful} updates its state from the token the chain selects, "
+                        f"and this replay's chain selected {int(cands['id'][sel])} where the server emitted {tok} "
+                        "(its speculative loop drew differently): post-sampling values from here on need the "
+                        "loop's own draws (spec-replay trace)")
                 t.post_prob, t.post_top = post_sampling(cands, tok, n_top)
                 chain.accept(tok)
             yield t

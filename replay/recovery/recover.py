@@ -61,6 +61,21 @@ class Recovered:
     container: Any
 
 
+def speculating_types(value) -> bool:
+    """Does a recorded `--spec-type` (a list, or one comma-separated string, as llama-server takes it:
+    common/arg.cpp --spec-type) name a speculative type? `none` is no speculation.
+
+    >>> speculating_types(["none"]), speculating_types("none"), speculating_types(None)
+    (False, False, False)
+    >>> speculating_types(["ngram-mod", "draft-simple"]), speculating_types("none,ngram-mod")
+    (True, True)
+    """
+    if not value:
+        return False
+    names = value.split(",") if isinstance(value, str) else [n for v in value for n in str(v).split(",")]
+    return any(n.strip() not in ("", "none") for n in names)
+
+
 class Recoverer:
     """Holds the target model and one context; recovers records one after another.
 
@@ -204,6 +219,7 @@ class Recoverer:
         try:
             for truth in truths(self.model, slot, prompt, plan, settings, n_probs, post=post, chunk=self.options.chunk,
                                 prefix=prefix, spans=spans, suppress_tokens=rep.shape.era.suppress_tokens,
+                                single_draw=rep.shape.era.single_draw,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in plan) else None):
                 evaluated.append(truth)
                 if self.options.only_entries and len(evaluated) >= self.options.only_entries:
@@ -213,7 +229,7 @@ class Recoverer:
             # the tokens of a gap that owns an entry are compared once the gap is complete: it is not
             while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.slot.entry is not None:
                 evaluated.pop()
-        speculative = bool(drafted(final)) or bool((rec.flags or {}).get("--spec-type"))
+        speculative = bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type"))
         outcomes = self._compare(rec, evaluated, post, n_probs, speculative)
         rep.schedule = schedule_of(slot, spans)
         rep.slots = rec.slots(self.flags.get("n_parallel"))

@@ -21,6 +21,7 @@ from .binding import L
 import numpy as np
 
 from ..errors import ModelError, SpecReplayError
+from .cache_types import GGML_CACHE_TYPES
 from .gguf import check_gguf
 
 # --- logging: libllama is quiet unless SPEC_REPLAY_VERBOSE is set -------------
@@ -109,7 +110,7 @@ class Model(_Owner):
         return self._ptr
 
     def close(self) -> None:
-        for ctx in list(self._contexts):
+        for ctx in list(getattr(self, "_contexts", ())):  # none yet when __init__ failed
             ctx.close()
         if self._ptr is not None:
             L.llama_model_free(self._ptr)
@@ -246,7 +247,6 @@ class Batch:
 
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "bf16": 30}
 
 
 class Context(_Owner):
@@ -265,7 +265,7 @@ class Context(_Owner):
         p.kv_unified = kv_unified
         p.n_threads = p.n_threads_batch = n_threads
         p.flash_attn_type = FLASH_ATTN[flash_attn]
-        p.type_k, p.type_v = KV_TYPES[type_k], KV_TYPES[type_v]
+        p.type_k, p.type_v = GGML_CACHE_TYPES[type_k], GGML_CACHE_TYPES[type_v]
         p.swa_full = swa_full
         p.no_perf = True
         ptr = L.llama_init_from_model(model.ptr, p)

@@ -29,6 +29,7 @@ from .binding import L
 import numpy as np
 
 from ..errors import TranscriptError
+from ..numerics.stdsort import std_sort_order
 from ..settings.sampling import LLAMA_DEFAULT_SEED, Grammar, SamplingParams
 
 __all__ = ["LLAMA_DEFAULT_SEED", "GrammarSampler", "SamplerChain", "SamplingParams", "TOKEN_DATA", "post_sampling"]
@@ -46,6 +47,26 @@ def post_sampling(cands: np.ndarray, tok: int, n_top: int) -> tuple[float, list[
             break
         top.append((int(cands["id"][i]), float(cands["p"][i])))
     return (float(cands["p"][where[0]]) if len(where) else 0.0), top
+
+
+TIE_WINDOW = 64  # leading candidates whose order is reported (top-N, the trace's kept candidates)
+
+
+def server_order(p: np.ndarray) -> np.ndarray:
+    """The order common_sampler_get_candidates leaves unsorted candidates in: std::sort by p,
+    descending (common/sampling.cpp:861-880). A stable argsort gives it but for the order of equal
+    p, which libstdc++'s introsort scrambles (numerics/stdsort.py, pure Python and slow): that is
+    followed wherever equal positive p meet in the first TIE_WINDOW entries, where the order is
+    reported.
+
+    >>> server_order(np.array([0.1, 0.5, 0.2, 0.2], dtype=np.float32)).tolist()
+    [1, 2, 3, 0]
+    """
+    order = np.argsort(-p, kind="stable")
+    head = p[order[:TIE_WINDOW + 1]]
+    if np.any((head[1:] == head[:-1]) & (head[1:] > 0)):
+        return np.asarray(std_sort_order(p), dtype=np.int64)
+    return order
 
 
 class GrammarSampler:
@@ -250,8 +271,7 @@ class SamplerChain:
         selected = int(arr.selected)
         if not arr.sorted:
             sel_id = int(cands["id"][selected]) if 0 <= selected < n else None
-            order = np.argsort(-cands["p"], kind="stable")
-            cands = cands[order]
+            cands = cands[server_order(cands["p"])]
             if sel_id is not None:
                 selected = int(np.nonzero(cands["id"] == sel_id)[0][0])
         return cands, selected

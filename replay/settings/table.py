@@ -31,13 +31,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
+
+from ..runtime.cache_types import GGML_CACHE_TYPES
 
 
 # common/speculative.cpp: common_speculative_all_types_str (b11434); replay support in loop/replayable.py
 SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-              "draft-mtp", "draft-eagle3", "draft-dflash")
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp:396-406
+              "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")  # speculative.cpp:72-84
+KV_CACHE_TYPES = tuple(GGML_CACHE_TYPES)  # common/arg.cpp:304-314, one table with their ggml ids
 
 
 @dataclass(frozen=True)
@@ -311,3 +313,90 @@ def rows(*groups: str) -> tuple[Setting, ...]:
     unknown = set(groups) - set(GROUPS)
     assert not unknown, f"unknown settings group(s) {unknown}"
     return tuple(s for s in SETTINGS if s.group in groups)
+
+
+@dataclass(frozen=True)
+class Unreplayed:
+    """A llama-server flag (or request field) the replay does not reproduce: what it changes, whether
+    recover is unaffected (it needs only the target's values of the tokens the server emitted, not the
+    loop's choices), and the values that change nothing (its default) and pass."""
+
+    name: str
+    why: str
+    recover_ok: bool
+    inert: tuple = ()
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    def refuses(self, value: Any, command: str) -> bool:
+        """Does `command` ("recover" or "trace") refuse this flag or field set to `value`?
+
+        >>> UNREPLAYED_FLAGS["--cache-reuse"].refuses(0, "recover"), UNREPLAYED_FLAGS["--cache-reuse"].refuses("256", "recover")
+        (False, True)
+        >>> UNREPLAYED_FIELDS["n_indent"].refuses(4, "recover"), UNREPLAYED_FIELDS["n_indent"].refuses(4, "trace")
+        (False, True)
+        """
+        if value is None or value in self.inert or str(value) in map(str, self.inert):
+            return False
+        return command == "trace" or not self.recover_ok
+
+
+_NOT_SAMPLED_HERE = "sampling runs as a ggml graph on the backend (experimental), not through the CPU sampler chain"
+UNREPLAYED_FLAGS: dict[str, Unreplayed] = {u.name: u for u in (
+    Unreplayed("--cache-reuse", "reuses chunks of earlier prompts' KV by shifting them (n_cache_reuse), so "
+               "timings.cache_n no longer means a kept prefix and the prompt's KV is not one the replay builds",
+               recover_ok=False, inert=(0,), source="common/arg.cpp:3592"),
+    Unreplayed("--lora", "applies a LoRA adapter to the target: its values are not the model file's",
+               recover_ok=False, source="common/arg.cpp:2958"),
+    Unreplayed("--lora-scaled", "applies scaled LoRA adapters to the target: its values are not the model file's",
+               recover_ok=False, source="common/arg.cpp:2968"),
+    Unreplayed("--override-kv", "overrides the model file's metadata (hyperparameters, tokenizer, sampling keys)",
+               recover_ok=False, source="common/arg.cpp:2938"),
+    Unreplayed("--reasoning-budget", "the reasoning-budget sampler forces the end of thinking after N tokens",
+               recover_ok=False, inert=(-1,), source="common/arg.cpp:3730"),
+    Unreplayed("--backend-sampling", _NOT_SAMPLED_HERE, recover_ok=False, inert=(False,), aliases=("-bs",),
+               source="common/arg.cpp:2309"),
+    Unreplayed("--spec-synth-len", "accepts drafts at random for benchmarking (server_sample_and_accept_synth): "
+               "the loop's choices are not the rejection rule's", recover_ok=True, source="common/arg.cpp:4167"),
+    Unreplayed("--spec-synth-rates", "accepts drafts at random for benchmarking (server_sample_and_accept_synth): "
+               "the loop's choices are not the rejection rule's", recover_ok=True, source="common/arg.cpp:4180"),
+    Unreplayed("--no-spec-draft-backend-sampling", "samples the draft on the host instead of the backend (the "
+               "default, which trace replays)", recover_ok=True, inert=(False,), source="common/arg.cpp:4215"),
+)}
+UNREPLAYED_FIELDS: dict[str, Unreplayed] = {u.name: u for u in (
+    Unreplayed("t_max_predict_ms", "stops generation after a wall-clock limit", recover_ok=True, inert=(0, -1),
+               source="tools/server/server-schema.cpp:74"),
+    Unreplayed("n_indent", "stops at a line indented less than n_indent", recover_ok=True, inert=(0,),
+               source="tools/server/server-schema.cpp:50"),
+    Unreplayed("backend_sampling", _NOT_SAMPLED_HERE, recover_ok=False, inert=(False,),
+               source="tools/server/server-schema.cpp:187"),
+)}
+UNREPLAYED_BY_FLAG: dict[str, Unreplayed] = {n: u for u in UNREPLAYED_FLAGS.values() for n in u.names}
+
+
+def unreplayed(recorded: Mapping | None, request: Mapping | None, command: str) -> str | None:
+    """The first recorded server flag or request field that `command` cannot reproduce, as a one-line
+    reason naming it, or None.
+
+    >>> print(unreplayed({"--lora": "a.gguf"}, {}, "recover"))
+    --lora a.gguf: applies a LoRA adapter to the target: its values are not the model file's; not replayed
+    >>> unreplayed({"--spec-synth-len": "3"}, {"t_max_predict_ms": 500}, "recover") is None
+    True
+    >>> print(unreplayed({}, {"t_max_predict_ms": 500}, "trace"))
+    "t_max_predict_ms": 500 in the request: stops generation after a wall-clock limit; not replayed by trace (recover is unaffected)
+    """
+    for name, value in (recorded or {}).items():
+        u = UNREPLAYED_BY_FLAG.get(name)
+        if u is not None and u.refuses(value, command):
+            shown = "" if value is True else f" {value}"
+            return f"{name}{shown}: {u.why}; not replayed" + (" by trace (recover is unaffected)" if u.recover_ok else "")
+    for name, u in UNREPLAYED_FIELDS.items():
+        value = (request or {}).get(name)
+        if u.refuses(value, command):
+            return (f"\"{name}\": {value!r} in the request: {u.why}; not replayed"
+                    + (" by trace (recover is unaffected)" if u.recover_ok else ""))
+    return None

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.eras import NEWEST, Shape, shape_for
+from ..loop.replayable import drafts_with_model
 from ..recovery.prompt import message_spans, prompt_ids
 from ..schedule.memory import min_step_given, schedule_of
 from ..schedule.prompt import NO_SPANS, MessageSpans
@@ -282,8 +283,8 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     _check_ids(prompt, target, "prompt")
     spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
-    draft = drafts.get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model else None
-    settings = request_settings(rec, flags=flags, model_meta=target.meta)
+    draft = drafts.get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
+    settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace")
     recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
     _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
     timings = final.get("timings")
@@ -344,8 +345,7 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     ids = target.tokenize(prompt, add_special=True, parse_special=True)
     spec = resolve("speculative", flags=flags)
     ctx = resolve("context", flags=flags)
-    draft = (drafts or Drafts()).get(spec.draft_model) if "draft-simple" in spec.spec_types and spec.draft_model \
-        else None
+    draft = (drafts or Drafts()).get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
     return run_loop(target, ids, settings, spec, ctx, shape=shape, draft=draft, n_probs=5)

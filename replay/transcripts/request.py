@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import TranscriptError
 from ..settings.sampling import Effective, Grammar, check_echo, effective, server_sampling
+from ..settings.table import unreplayed
 from .readers import CHAT, Record
 
 # common_grammar_trigger_type (common/common.h:146-157)
@@ -44,8 +45,13 @@ def generation_echo(rec: Record) -> dict | None:
 
 
 def request_settings(rec: Record, *, flags: Mapping[str, Any] | None = None,
-                     model_meta: Callable[[str], str | None] | None = None) -> Effective:
-    """The effective sampling settings, grammar and limits of a recorded request (module docstring)."""
+                     model_meta: Callable[[str], str | None] | None = None, command: str = "recover") -> Effective:
+    """The effective sampling settings, grammar and limits of a recorded request (module docstring).
+    A recorded flag or request field that `command` does not reproduce (settings.table: unreplayed) is a
+    TranscriptError naming it."""
+    why = unreplayed(rec.flags, rec.request, command)
+    if why is not None:
+        raise TranscriptError(why)
     for key in _REASONING_FIELDS:
         if rec.request.get(key) not in (None, False):
             raise TranscriptError(f"the request sets \"{key}\": the server's reasoning-budget sampler cannot be "

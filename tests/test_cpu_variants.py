@@ -202,7 +202,7 @@ LIGHTHOUSE = ("The lighthouse keeper climbed the stairs every night at nine, lit
 @pytest.fixture(scope="module")
 def concurrent_x64(b11434, smollm2_draft, tmp_path_factory):
     """An x64 server started as users start it (default -np: 4 slots, unified KV; sampling defaults
-    from the model file, the requests setting only the temperature), sent 7 requests at once (an
+    from the model file, the requests setting only the temperature), sent 5 requests at once (an
     eval harness) and then one alone; and the unspeculated x64 server's answers, one at a time."""
     import threading
     import time
@@ -210,20 +210,20 @@ def concurrent_x64(b11434, smollm2_draft, tmp_path_factory):
     from replay.llamacpp.models import smollm2_with_defaults
     model = smollm2_with_defaults()
     bins = b11434.with_cpu("x64")
-    bodies = [{"prompt": LIGHTHOUSE * (1 + 2 * k) + f"Question {k}: what happened next?", "n_predict": 32,
-               "n_probs": 3, "temperature": 1.0, "seed": 40 + k} for k in range(8)]
+    bodies = [{"prompt": LIGHTHOUSE * (3 + k) + f"Question {k}: what happened next?", "n_predict": 32,
+               "n_probs": 3, "temperature": 1.0, "seed": 40 + k} for k in range(6)]
     spec: list[dict | None] = [None] * len(bodies)
     cfg = ServerConfig(model, n_parallel=-1, draft_model=smollm2_draft, spec_types=("draft-simple",))
     with LlamaServer(cfg, binary=bins.server) as srv:
         def send(i: int) -> None:
             spec[i] = record_one(srv.url, RequestItem("/completion", dict(bodies[i])), srv.config.flags_block())
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(7)]
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(5)]
         for i, t in enumerate(threads):
             t.start()
             time.sleep(0.05 * (i % 3))
         for t in threads:
             t.join()
-        send(7)
+        send(5)
     with LlamaServer(ServerConfig(model), binary=bins.server) as srv:
         plain = [record_one(srv.url, RequestItem("/completion", dict(b)), srv.config.flags_block()) for b in bodies]
     assert all(spec) and spec[0]["server"]["props"]["total_slots"] == 4
@@ -272,7 +272,7 @@ def test_a_default_flag_server_under_concurrent_requests(concurrent_x64, host_va
     first = [abs(r["tokens"][0]["server_logprob"] - r["tokens"][0]["true_logprob"]) for r in reps]
     alone = [k for k, d in enumerate(first) if d <= 1e-6]
     shared = [k for k, d in enumerate(first) if d > 1e-6]
-    assert 7 in alone, first
+    assert 5 in alone, first
     worst, n = _filled_diff(src, out, plain)
     assert n >= 20 and worst <= TOL, (worst, n)  # the runs part early: shared batches move the draws
     print(f"\nconcurrent x64: first entries alone {[k + 1 for k in alone]}, shared {[k + 1 for k in shared]} "

@@ -148,3 +148,24 @@ def test_equal_variants_whose_decodes_differ_within_the_tolerance_are_one_class_
     c = choose_variant(ps, tolerance=5e-4)
     assert (c.variant, c.how, c.equal) == ("haswell", "matched", ("x64",)) and abs(c.spread - 5e-5) < 1e-9
     assert c.describe().endswith("(as exactly: x64; one-token decodes within 5e-05)")
+
+
+def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
+    from replay.kernels.probe import ProbeCache, probe_key
+    from replay.recovery.recover import RecoverOptions
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    base = dict(text="{}", request=None, indices=[0], model=model, flags={}, options=RecoverOptions(),
+                libllama=None, variant="x64", until_exact=EXACT)
+    key = probe_key(**base)
+    cache = ProbeCache(tmp_path / "kernels")
+    assert cache.get(key) is None
+    cache.put(key, Probe("x64", 0.0, record=0, decode=(-1.5, -2.0)))
+    assert cache.get(key) == Probe("x64", 0.0, record=0, decode=(-1.5, -2.0))
+    cache.put("bad", Probe("x64", None, "the worker process died"))  # an error is not kept
+    assert cache.get("bad") is None
+    for change in ({"text": "{ }"}, {"variant": "sse42"}, {"indices": [1]}, {"flags": {"n_ctx": 4096}},
+                   {"options": RecoverOptions(tolerance=1e-3)}):
+        assert probe_key(**{**base, **change}) != key, change
+    model.write_bytes(b"GGUF2")  # another model file at the same path
+    assert probe_key(**base) != key

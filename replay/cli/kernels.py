@@ -14,7 +14,7 @@ from typing import Callable
 import click
 
 from ..kernels.choice import EXACT, KernelChoice, KernelsError, choose_variant, records_named
-from ..kernels.probe import Probe, probe_variants, witnesses
+from ..kernels.probe import Probe, default_cache, probe_variants, witnesses
 from ..kernels.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from ..runtime import binding
 from ..transcripts.entries import n_prompt_cached
@@ -91,7 +91,7 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
                                                 else f"error: {p.error}"), err=True)
             probes = probe_variants(can, text=text, source=source, request=request, indices=ks, model=model,
                                     flags=flags, options=options, libllama=bin_dir, progress=said,
-                                    until_exact=EXACT)
+                                    until_exact=EXACT, cache=default_cache())
             try:
                 choice = choose_variant(probes, shared=shared, not_runnable=beyond, witnesses=ks,
                                         tolerance=options.tolerance,

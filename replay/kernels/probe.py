@@ -16,9 +16,11 @@ and the record's position, as for `recover --workers` (scale/worker.py).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
+import json
 import multiprocessing as mp
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -119,20 +121,84 @@ def _child_probe(text: str, source: str, request: dict | None, indices: Sequence
     return out
 
 
+def _file_id(path: Path) -> list:
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model: str | Path, flags: dict, options,
+              libllama: Path | None, variant: str, until_exact: float | None) -> str:
+    """What a probe's result depends on, hashed: the transcript's text and request, the witnesses, the
+    model file and the variant's library (by path, size and mtime), the flags and recover options,
+    and the decode count."""
+    lib = Path(libllama) if libllama else None
+    parts = {"text": hashlib.sha256(text.encode()).hexdigest(), "request": request, "indices": list(indices),
+             "model": _file_id(Path(model)), "flags": {k: repr(v) for k, v in sorted(flags.items())},
+             "options": repr(replace(options, cpu=None)), "until": until_exact, "decodes": DECODES,
+             "lib": None if lib is None else [_file_id(f) for f in sorted(lib.glob("lib*.so*")) if f.is_file()],
+             "variant": variant}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class ProbeCache:
+    """Probe results kept under the cache root (kernels/<key>.json): a transcript recovered or traced
+    again, unchanged, with the same model, library and options, is not probed again. A result that
+    is not whole (an error) is not kept."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+
+    def get(self, key: str) -> Probe | None:
+        if self.root is None:
+            return None
+        try:
+            d = json.loads((self.root / f"{key}.json").read_text())
+            return Probe(d["variant"], d["diff"], d.get("error"), d.get("record"),
+                         tuple(d["decode"]) if d.get("decode") is not None else None)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, probe: Probe) -> None:
+        if self.root is None or probe.diff is None:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(asdict(probe)))
+            os.replace(tmp, self.root / f"{key}.json")
+        except OSError:  # a read-only cache is no error: the probe is run again next time
+            pass
+
+
+def default_cache() -> ProbeCache:
+    """The probe cache under SPEC_REPLAY_CACHE (or ~/.cache/spec-replay); off with SPEC_REPLAY_PROBE_CACHE=0."""
+    from ..paths import cache_root
+    return ProbeCache(None if os.environ.get("SPEC_REPLAY_PROBE_CACHE") == "0" else cache_root() / "kernels")
+
+
 def probe_variants(variants: Sequence[str], *, text: str, source: str, request: dict | None,
                    indices: Sequence[int], model: str | Path, flags: dict, options, libllama: Path | None,
-                   progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None) -> list[Probe]:
+                   progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None,
+                   cache: ProbeCache | None = None) -> list[Probe]:
     """Evaluate the first entries of records `indices` (witnesses, best first) under each of `variants`
     (one spawned process each, one after another: each uses the machine's cores). With `until_exact`, a
     variant's witnesses are evaluated until one is within it, and once a variant has such a witness the
     variants after it evaluate that witness only: every variant is probed, since the ones that equal the
     server's on it must also be told apart by their one-token decodes (Probe.decode). A worker that dies
-    is that variant's error."""
+    is that variant's error. `cache` keeps and returns results (probe_key)."""
     out: list[Probe] = []
     ctx = mp.get_context("spawn")
     for v in variants:
         if until_exact is not None and any(p.diff is not None and p.diff <= until_exact for p in out):
             indices = [next(p.record for p in out if p.diff is not None and p.diff <= until_exact)]
+        key = probe_key(text=text, request=request, indices=indices, model=model, flags=flags, options=options,
+                        libllama=libllama, variant=v, until_exact=until_exact) if cache is not None else ""
+        kept = cache.get(key) if cache is not None else None
+        if kept is not None:
+            out.append(kept)
+            if progress is not None:
+                progress(v, kept)
+            continue
         try:
             with cf.ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_init,
                                         initargs=(str(libllama) if libllama else None, v)) as pool:
@@ -146,6 +212,8 @@ def probe_variants(variants: Sequence[str], *, text: str, source: str, request: 
             probe = Probe(v, diff, record=k, decode=sig)
         else:
             probe = Probe(v, None, "; ".join(dict.fromkeys(e for _, _, e, _ in got if e)), record=got[0][0])
+        if cache is not None:
+            cache.put(key, probe)
         out.append(probe)
         if progress is not None:
             progress(v, probe)

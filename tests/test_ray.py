@@ -101,8 +101,13 @@ def test_a_node_without_the_model_file_gets_it_through_the_object_store(ray_head
     import hashlib
     import shutil
     import tempfile
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) to give the driver a file the actors cannot see")
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare(1) (util-linux) is needed to give the driver a file the actors cannot see")
+    # root gets a mount namespace of its own; anyone else one inside a user namespace (unshare -r)
+    unshare = ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else \
+        ["unshare", "-r", "-m", "--propagation", "private"]
+    if subprocess.run(unshare + ["true"], capture_output=True).returncode != 0:
+        pytest.skip("this kernel gives neither root nor a user namespace here (kernel.unprivileged_userns_clone)")
     model = tiny_target()
     shipped = Path(tempfile.gettempdir()) / "spec-replay-models" / f"{hashlib.sha256(model.read_bytes()).hexdigest()}.gguf"
     shipped.unlink(missing_ok=True)
@@ -110,7 +115,7 @@ def test_a_node_without_the_model_file_gets_it_through_the_object_store(ray_head
     mnt.mkdir()
     recover_cmd = " ".join(map(str, cli_command("recover", tiny_evals, "-m", mnt / "target.gguf", "-o", out,
                                                 "--ray", ray_head, "--workers", "2")))
-    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+    r = subprocess.run(unshare + ["sh", "-c",
                         f"mount -t tmpfs none {mnt} && cp {model} {mnt}/target.gguf && exec {recover_cmd}"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr

@@ -152,3 +152,34 @@ def test_a_malformed_grammar_trigger_is_refused_by_name(trigger):
     from replay.transcripts.request import _triggers
     with pytest.raises(TranscriptError, match="trigger"):
         _triggers([trigger])
+
+
+def test_the_old_one_candidate_rule_rolls_back_dist_only_not_mirostats_mu():
+    """Before b10355 dist drew nothing when one candidate was left (loop/eras.py single_draw), and the
+    emulation rolled the whole chain back after such a pass; mirostat draws and updates mu on one
+    candidate too (llama-sampler.cpp llama_sampler_mirostat_v2_apply), so rolling it back left mu
+    0.5 bits behind the server's. A first pass that leaves one candidate raises mu from 10 to 10.5;
+    the second keeps a token of 10.25 bits' surprise only with the raised mu."""
+    import math
+
+    import numpy as np
+
+    from replay.llamacpp.models import tiny_target
+    from replay.runtime.llama import Model
+    from replay.runtime.sampler import SamplerChain
+    from replay.settings.sampling import SamplingParams
+    model = Model(tiny_target())
+    params = SamplingParams(mirostat=2, mirostat_tau=5.0, mirostat_eta=0.1, temp=1.0, seed=3)
+    one = np.full(model.n_vocab, -30.0, dtype=np.float32)
+    one[0] = 0.0
+    two = one.copy()
+    two[1] = math.log(2 ** -10.25)
+    sizes = []
+    for single_draw in (True, False):
+        chain = SamplerChain(model, params, single_draw=single_draw)
+        try:
+            assert len(chain.apply(one)[0]) == 1
+            sizes.append(len(chain.apply(two)[0]))
+        finally:
+            chain.close()
+    assert sizes == [2, 2]

@@ -107,3 +107,36 @@ def test_a_stateful_sampler_is_recovered_only_while_the_replays_chain_selects_th
     src.write_text(json.dumps(t))
     err = one_error(_recover(tmp_path, src)[0])
     assert "mirostat 2 updates its state from the token the chain selects" in err, err
+
+
+@pytest.mark.parametrize("edit, named", [
+    ({"request": {"chat_template_kwargs": {"enable_thinking": False}}}, '"chat_template_kwargs"'),
+    ({"request": {"reasoning_effort": "low"}}, '"reasoning_effort"'),
+    ({"flags": {"--chat-template": "chatml"}}, "--chat-template"),
+    ({"flags": {"--no-jinja": True}}, "--no-jinja"),
+])
+def test_a_chat_prompt_is_not_rebuilt_from_its_messages_where_the_server_rendered_it_otherwise(tmp_path, edit, named):
+    """A chat transcript recorded without its prompt's ids (an eval harness's) is rebuilt from its
+    messages; the rebuilt prompt was checked by its length only, so template kwargs, another template
+    or another renderer passed with values for another prompt. They are refused by name now."""
+    t = json.loads((FIXTURES / "transcripts" / "tiny-v1-chat.json").read_text())
+    del t["prompt_tokens"]
+    t["request"].update(edit.get("request", {}))
+    if "flags" in edit:
+        t["server"]["flags"] = edit["flags"]
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps(t))
+    err = one_error(_recover(tmp_path, src)[0])
+    assert "cannot be rebuilt from its messages" in err and named in err, err
+    # with the ids recorded the prompt is the server's, whatever rendered it
+    t["prompt_tokens"] = json.loads((FIXTURES / "transcripts" / "tiny-v1-chat.json").read_text())["prompt_tokens"]
+    src.write_text(json.dumps(t))
+    assert _recover(tmp_path, src)[0].exit_code == 0
+
+
+def test_the_same_chat_rebuilt_without_those_is_recovered(tmp_path):
+    t = json.loads((FIXTURES / "transcripts" / "tiny-v1-chat.json").read_text())
+    del t["prompt_tokens"]
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps(t))
+    assert _recover(tmp_path, src)[0].exit_code == 0

@@ -22,6 +22,7 @@ from ..errors import TranscriptError
 from ..runtime.llama import Model
 from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..schedule.spans import assistant_start_marker, user_start_marker, user_starts
+from ..settings.table import CHAT_TEMPLATE_FLAGS
 from ..transcripts.entries import n_prompt
 from ..transcripts.readers import CHAT, Record
 
@@ -73,8 +74,43 @@ def _formatter(tmpl: str, model: Model, add_generation_prompt: bool):
     return Jinja2ChatFormatter(template=tmpl, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
 
 
+# what the server's chat path adds that a plain Jinja rendering of the messages does not reproduce
+# (tools/server/server-common.cpp:1396-1421, common/chat.cpp:1080-1089, 1299-1302)
+_DATED = ("strftime_now", "datetime", "date_string")
+
+
+def unrebuildable(rec: Record, template: str) -> str | None:
+    """Why this chat request's prompt cannot be rebuilt from its messages exactly as the server
+    rendered it, or None: template kwargs and reasoning_effort (they become template variables and
+    thinking switches), a template that reads the date (the server passes the day it ran), or flags
+    that chose another template or renderer.
+
+    >>> from replay.transcripts.readers import Record
+    >>> r = Record(source="t", index=0, endpoint="/v1/chat/completions", request={"messages": [],
+    ...            "chat_template_kwargs": {"enable_thinking": False}}, response={}, stream=False)
+    >>> unrebuildable(r, "{{ messages }}")
+    'the request sets "chat_template_kwargs"'
+    """
+    for key in ("chat_template_kwargs", "reasoning_effort"):
+        if rec.request.get(key) not in (None, {}, ""):
+            return f"the request sets \"{key}\""
+    flag = next((f for f in CHAT_TEMPLATE_FLAGS if f in (rec.flags or {}) and f != "--jinja"), None)
+    if flag is not None:
+        return f"the server was started with {flag}"
+    dated = next((w for w in _DATED if w in template), None)
+    if dated is not None:
+        return f"the chat template reads the date ({dated}), which the server took on the day it ran"
+    return None
+
+
 def render_chat(rec: Record, model: Model) -> str:
-    fmt = _formatter(chat_template(rec, model), model, True)
+    tmpl = chat_template(rec, model)
+    why = unrebuildable(rec, tmpl)
+    if why is not None:
+        raise TranscriptError(f"the chat prompt cannot be rebuilt from its messages exactly as the server rendered it: "
+                              f"{why}; record with `spec-replay record` to keep the prompt's token ids",
+                              source=rec.source, record=rec.index)
+    fmt = _formatter(tmpl, model, True)
     try:
         return fmt(messages=rec.request["messages"], tools=rec.request.get("tools")).prompt
     except Exception as e:  # jinja2 raises many types for bad templates/messages

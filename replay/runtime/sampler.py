@@ -151,6 +151,10 @@ class SamplerChain:
         self.model = model
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
         self.n_applies = 0  # chain passes so far: each draws once from dist's stream (trace/divergence.py)
+        # the old one-candidate rule is dist's alone: mirostat and adaptive-p draw and update their state
+        # on one candidate too (llama-sampler.cpp: llama_sampler_mirostat_v2_apply), so only a chain that
+        # ends with dist is rolled back after such a pass
+        self._dist_last = False
         cp = L.llama_sampler_chain_default_params()
         cp.no_perf = True
         self._chain = L.llama_sampler_chain_init(cp)
@@ -207,6 +211,7 @@ class SamplerChain:
                 add(L.llama_sampler_init_adaptive_p(s.adaptive_target, s.adaptive_decay, s.seed))
             else:
                 add(L.llama_sampler_init_dist(s.seed))
+                self._dist_last = True
         elif s.mirostat == 1:
             add(L.llama_sampler_init_temp(s.temp))
             add(L.llama_sampler_init_mirostat(n_vocab, s.seed, s.mirostat_tau, s.mirostat_eta, 100))
@@ -249,7 +254,7 @@ class SamplerChain:
         self.n_applies += 1
         # before b10355 a pass that leaves one candidate does not advance dist's RNG: keep a copy of the
         # chain to go back to (only other samplers' RNGs and dist's advance in apply)
-        before = None if self.single_draw else L.llama_sampler_clone(self._chain)
+        before = None if self.single_draw or not self._dist_last else L.llama_sampler_clone(self._chain)
         buf = self._buf
         buf["id"] = np.arange(len(buf), dtype=np.int32)
         buf["logit"] = logits

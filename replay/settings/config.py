@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from .table import BY_ATTR, BY_FLAG, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
+from .table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
 
 SOURCES = ("command line", "/props", "server.flags", "default")
 
@@ -125,6 +125,9 @@ def recorded_flags(flags: Mapping | None, legacy: Mapping | None) -> dict[str, A
             s = BY_FLAG.get(name)
             if s is None and name in UNREPLAYED_BY_FLAG:  # kept as given: unreplayed() judges it per command
                 out[UNREPLAYED_BY_FLAG[name].name] = value
+                continue
+            if s is None and name in CHAT_TEMPLATE_FLAGS:  # judged where a chat prompt is rebuilt
+                out[name] = value
                 continue
             if s is None:
                 raise ValueError(f"\"server.flags\": {name!r} is not a llama-server flag spec-replay knows")

@@ -376,6 +376,9 @@ UNREPLAYED_FIELDS: dict[str, Unreplayed] = {u.name: u for u in (
                source="tools/server/server-schema.cpp:187"),
 )}
 UNREPLAYED_BY_FLAG: dict[str, Unreplayed] = {n: u for u in UNREPLAYED_FLAGS.values() for n in u.names}
+# flags that change how a chat request is rendered: kept as recorded, and judged where a chat prompt is
+# rebuilt from its messages (recovery/prompt.py); recorded prompt_tokens make them irrelevant
+CHAT_TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file", "--chat-template-kwargs", "--jinja", "--no-jinja")
 
 
 def unreplayed(recorded: Mapping | None, request: Mapping | None, command: str) -> str | None:

@@ -54,11 +54,13 @@ def tops_agree(server: list[tuple[int | None, float]], true: list[tuple[int, flo
 def tops_near(server: list[tuple[int | None, float]], true: list[tuple[int, float]], drift: float) -> bool:
     """The looser rule for an entry the speculating server computed on a KV cache its verify batches
     built (it drifts from a one-token-per-decode schedule past the first 256-cell window: up to ~0.25
-    nats on low-probability alternatives): the same ids in the same order with logprobs within `drift`,
-    except that the last of two or more may be another id, when the two boundary values are within
-    `drift` of each other (a near-tie at the cut). A single alternative has no boundary to swap at.
+    nats on low-probability alternatives): every id both lists hold has logprobs within `drift` (so
+    near-tied entries may be listed in another order), and the lists hold the same ids but for at most
+    one at the boundary, the last of each list of two or more, the two boundary values within `drift`.
 
     >>> tops_near([(1, -0.1), (3, -2.6)], [(1, -0.1), (2, -2.5)], 0.3)   # a near-tie at the cut
+    True
+    >>> tops_near([(1, -0.94), (2, -2.34), (3, -2.36)], [(1, -1.0), (3, -2.21), (2, -2.28)], 0.3)  # swapped
     True
     >>> tops_near([(1, -0.1), (3, -3.6)], [(1, -0.1), (2, -2.5)], 0.3)   # not near: another entry
     False
@@ -69,13 +71,18 @@ def tops_near(server: list[tuple[int | None, float]], true: list[tuple[int, floa
     """
     if len(server) != len(true) or not server:
         return False
+
     def near(a: float, b: float) -> bool:
         return abs(a - b) <= drift if math.isfinite(a) and math.isfinite(b) else a == b
-    *head, last = list(zip(server, true))
-    if not all(si == ti and near(slp, tlp) for (si, slp), (ti, tlp) in head):
+    theirs, ours = dict(server), dict(true)
+    if not all(near(v, ours[i]) for i, v in theirs.items() if i in ours):
         return False
-    (si, slp), (ti, tlp) = last
-    return near(slp, tlp) and (si == ti or len(server) >= 2)
+    only_theirs = [i for i, _ in server if i not in ours]
+    only_ours = [i for i, _ in true if i not in theirs]
+    if not only_theirs and not only_ours:
+        return True
+    return (len(server) >= 2 and only_theirs == [server[-1][0]] and only_ours == [true[-1][0]]
+            and near(server[-1][1], true[-1][1]))
 
 
 def server_values(e: dict) -> tuple[float, list[tuple[int | None, float]]]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from replay.kernels.choice import EXACT, KernelsError, choose_variant
-from replay.kernels.probe import Probe, probe_record, witnesses
+from replay.kernels.probe import Probe, witnesses
 from replay.kernels.variants import VARIANTS, host_cpu_flags, runnable, score
 from replay.paths import FIXTURES
 from replay.transcripts.readers import read_text
@@ -103,9 +103,9 @@ def test_the_probed_record_is_the_first_whose_prompt_the_server_evaluated_in_ful
     top = [{"id": 1, "token": "a", "bytes": [97], "logprob": -0.5}]
     lines = [_record(0.0, []), _record(-0.5, top, cached=2), _record(-0.5, top)]
     recs = read_text("".join(json.dumps(r) + "\n" for r in lines), "t.jsonl")
-    assert probe_record(recs) == 2
-    assert probe_record(recs[:2]) == 1  # a cached prompt is a weaker witness, but better than none
-    assert probe_record(recs[:1]) is None
+    assert witnesses(recs) == [2]
+    assert witnesses(recs[:2]) == [1]  # a cached prompt is a weaker witness, but better than none
+    assert witnesses(recs[:1]) == []
 
 
 def test_a_transcript_with_shared_batches_offers_several_witnesses_full_prompts_first():
@@ -119,7 +119,7 @@ def test_a_transcript_with_shared_batches_offers_several_witnesses_full_prompts_
 
 def test_a_committed_transcript_has_a_real_first_entry():
     recs = read_text((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text(), "tiny")
-    assert probe_record(recs) == 0
+    assert witnesses(recs) == [0]
 
 
 def test_variants_equal_on_the_prompt_batch_but_not_on_one_token_decodes_are_refused_not_guessed():

@@ -73,12 +73,6 @@ def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = W
     return [k for *_, k in sorted(keys)][:limit if shared else 1]
 
 
-def probe_record(records: Sequence[Record]) -> int | None:
-    """The best witness of the kernels (witnesses), or None when no record carries a real first entry."""
-    found = witnesses(records)
-    return found[0] if found else None
-
-
 def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover - runs in the child
     from ..runtime import binding
     if libllama:

@@ -57,13 +57,17 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _no_build_unless_marked(request, monkeypatch):
-    """In a test not marked `build`, any attempt to build llama.cpp fails instead of building."""
+    """In a test not marked `build`, any attempt to build llama.cpp fails instead of building, and
+    the server's own request parsing (spec-replay-request, built with a tree) is not at hand: such a
+    test runs the same whether or not an earlier test built something."""
     if request.node.get_closest_marker("build") is None:
         from replay.llamacpp import build
+        from replay.recovery import server_view
 
         def refuse(*a, **k):
             raise AssertionError("this test builds llama.cpp but is not marked `build`")
         monkeypatch.setattr(build, "ensure_built", refuse)
+        monkeypatch.setattr(server_view, "find_helper", lambda build: None)
 
 
 @pytest.fixture(scope="session")

@@ -118,7 +118,9 @@ def test_a_stateful_sampler_is_recovered_only_while_the_replays_chain_selects_th
 def test_a_chat_prompt_is_not_rebuilt_from_its_messages_where_the_server_rendered_it_otherwise(tmp_path, edit, named):
     """A chat transcript recorded without its prompt's ids (an eval harness's) is rebuilt from its
     messages; the rebuilt prompt was checked by its length only, so template kwargs, another template
-    or another renderer passed with values for another prompt. They are refused by name now."""
+    or another renderer passed with values for another prompt. Without the server's own request
+    parsing at hand (nothing built: the quick tier) they are refused by name; with it they are
+    rendered by the server's code (tests/test_server_request.py)."""
     t = json.loads((FIXTURES / "transcripts" / "tiny-v1-chat.json").read_text())
     del t["prompt_tokens"]
     t["request"].update(edit.get("request", {}))

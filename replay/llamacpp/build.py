@@ -34,6 +34,18 @@ from ..paths import REPO_ROOT, cache_root
 
 DEFAULT_PROFILE = "b11434"
 TARGETS = ("llama-server", "llama-speculative", "llama-quantize")
+# spec-replay's own helper programs, built in the tree (CMakeLists.txt: _helpers); a tree that
+# lacks the server's request library (older than server-context) builds none
+HELPERS_DIR = Path(__file__).resolve().parent / "native"
+REQUEST_HELPER = "spec-replay-request"
+
+
+def helpers_hash() -> str:
+    """The hash of the helpers' sources a manifest records (CMakeLists.txt: _helpers_hash): a tree
+    built before a helper changed is built again (incrementally)."""
+    parts = "".join(hashlib.sha256((HELPERS_DIR / f).read_bytes()).hexdigest()
+                    for f in ("server_request.cpp", "helpers.cmake"))
+    return hashlib.sha256(parts.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,13 @@ class Binaries:
     @property
     def quantize(self) -> Path:
         return self.bin_dir / "llama-quantize"
+
+    @property
+    def request_helper(self) -> Path | None:
+        """spec-replay-request (native/server_request.cpp): the server's own request parsing, or None
+        for a tree without it."""
+        p = self.bin_dir / REQUEST_HELPER
+        return p if p.is_file() else None
 
     @property
     def build_info(self) -> str:
@@ -136,6 +155,8 @@ def find_built(spec: BuildSpec) -> Binaries | None:
         return None
     manifest = json.loads(manifest_path.read_text())
     bins = Binaries(key=spec.key, bin_dir=Path(manifest["bin"]), manifest=manifest)
+    if manifest.get("helpers") != helpers_hash():
+        return None
     if all((bins.bin_dir / t).is_file() for t in TARGETS):
         return bins
     return None

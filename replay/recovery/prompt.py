@@ -16,7 +16,7 @@ target that checkpoints (schedule/spans.py).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import TranscriptError
 from ..runtime.llama import Model
@@ -26,6 +26,9 @@ from ..settings.table import CHAT_TEMPLATE_FLAGS
 from ..transcripts.entries import n_prompt
 from ..transcripts.readers import CHAT, Record
 
+if TYPE_CHECKING:
+    from .server_view import ServerView
+
 # llama-server's template for a model file that has none: each message as
 # <|im_start|>ROLE\nCONTENT<|im_end|>\n, then <|im_start|>assistant\n for the generation prompt
 # (CHATML_TEMPLATE_SRC, common/chat.cpp:715-721; the same text, written here in Jinja)
@@ -33,9 +36,13 @@ CHATML_FALLBACK = ("{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n'
                    "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
 
 
-def prompt_ids(rec: Record, model: Model) -> list[int]:
+def prompt_ids(rec: Record, model: Model, view: "ServerView | None" = None) -> list[int]:
+    """The prompt's ids: recorded, else rebuilt (by the server's own request parsing when `view` has
+    it: recovery/server_view.py), and checked against the count the server reported."""
     ids = rec.prompt_ids
     how = "recorded prompt_tokens"
+    if ids is None and view is not None and view.prompt is not None:
+        ids, how = server_tokens(model, view.prompt), f"prompt rendered by {view.source}"
     if ids is None:
         ids, how = rebuild(rec, model)
     reported = n_prompt(rec.endpoint, rec.final())
@@ -43,6 +50,12 @@ def prompt_ids(rec: Record, model: Model) -> list[int]:
         raise TranscriptError(f"the server evaluated {reported} prompt tokens but the {how} have {len(ids)}; "
                               "record with `spec-replay record` to keep the exact ids", source=rec.source, record=rec.index)
     return ids
+
+
+def server_tokens(model: Model, prompt: str) -> list[int]:
+    """A prompt string tokenized as the server does (tokenize_input_prompts(..., add_special=true,
+    parse_special=true), tools/server/server-context.cpp:4650)."""
+    return model.tokenize(prompt, add_special=True, parse_special=True)
 
 
 def rebuild(rec: Record, model: Model) -> tuple[list[int], str]:

@@ -30,7 +30,8 @@ from ..transcripts.request import request_settings
 from .compare import BATCH_BOUND, DEFAULT_TOLERANCE, compare, judge_numerics, numerics_cause
 from .evaluate import PieceIndex, Truth, Unaligned, truths
 from ..schedule.prefix import plan_checkpointed, plan_prefix
-from .prompt import message_spans, prompt_ids
+from .prompt import message_spans, prompt_ids, server_tokens
+from .server_view import server_view
 from .repair import Outcome, repair_record, serialise
 from .report import RecordReport, RecoverResult, TokenReport
 
@@ -181,7 +182,10 @@ class Recoverer:
 
     def _recover(self, rec: Record) -> Recovered:
         post = bool(rec.request.get("post_sampling_probs"))
-        settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta)
+        view = server_view(rec, self.model.path, self.flags, lambda p: server_tokens(self.model, p),
+                           self.model.chat_template())
+        settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta,
+                                    rebuilt=(view.echo or {}, view.source) if view else None)
         n_probs = settings.params.n_probs
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
         rep.settings = settings.describe()
@@ -193,7 +197,9 @@ class Recoverer:
             raise TranscriptError(str(e)) from None
         plan = build_plan(rec, self.piece, settings.stop)
         self.check_vocab(rec, plan)
-        prompt = prompt_ids(rec, self.model)
+        prompt = prompt_ids(rec, self.model, view)
+        if view is not None:
+            rep.notes.append(f"prompt and grammar as the server built them: {view.source}")
         for t in prompt:
             self.piece(t)  # vocabulary range check
         cfg = resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props)

@@ -21,7 +21,8 @@ from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.eras import NEWEST, Shape, shape_for
 from ..loop.replayable import drafts_with_model
-from ..recovery.prompt import message_spans, prompt_ids
+from ..recovery.prompt import message_spans, prompt_ids, server_tokens
+from ..recovery.server_view import server_view
 from ..schedule.memory import min_step_given, schedule_of
 from ..schedule.prompt import NO_SPANS, MessageSpans
 from ..runtime.binding import loaded_path
@@ -279,12 +280,15 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
                   server_state: dict | None, drafts: Drafts) -> TraceResult:
     final = rec.final() or {}
     shape = loop_shape(rec, *given)
-    prompt = prompt_ids(rec, target)
+    view = server_view(rec, target.path, flags, lambda p: server_tokens(target, p),
+                       target.chat_template())
+    prompt = prompt_ids(rec, target, view)
     _check_ids(prompt, target, "prompt")
     spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
     draft = drafts.get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
-    settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace")
+    settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace",
+                                rebuilt=(view.echo or {}, view.source) if view else None)
     recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
     _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
     timings = final.get("timings")

@@ -109,7 +109,7 @@ def trace_units(records: Sequence[Record], flags: Mapping[str, Any],
         types = set(spec.spec_types)
         wide = wide or bool(types & SERVER_WIDE)
         sid = rec.slot_id(flags.get("n_parallel"))
-        temp = request_settings(rec, flags=dict(flags), model_meta=model_meta).params.temp
+        temp = request_settings(rec, flags=dict(flags), model_meta=model_meta, grammar=False).params.temp
         timings = (rec.final() or {}).get("timings")
         drafted = isinstance(timings, dict) and bool(timings.get("draft_n"))
         slot = chains.setdefault(sid, [])

@@ -10,7 +10,9 @@ the model file, the request, and the response's own echo (`generation_settings`:
 Grammars (tools/server/server-schema.cpp:251-382, server-common.cpp:1293-1443): the server turns
 `grammar`, `json_schema`, `response_format` and tool definitions into one GBNF grammar, lazy or not,
 with trigger words, patterns and tokens. The echo carries the grammar the server built; without it
-only a request's own GBNF `grammar` can be replayed, and the rest is refused by name.
+the caller may pass what the server's own request parsing builds (`rebuilt`: recovery/server_view.py,
+run in the transcript's llama.cpp tree); with neither, only a request's own GBNF `grammar` can be
+replayed, and the rest is refused by name.
 """
 from __future__ import annotations
 
@@ -45,10 +47,14 @@ def generation_echo(rec: Record) -> dict | None:
 
 
 def request_settings(rec: Record, *, flags: Mapping[str, Any] | None = None,
-                     model_meta: Callable[[str], str | None] | None = None, command: str = "recover") -> Effective:
+                     model_meta: Callable[[str], str | None] | None = None, command: str = "recover",
+                     rebuilt: tuple[Mapping, str] | None = None, grammar: bool = True) -> Effective:
     """The effective sampling settings, grammar and limits of a recorded request (module docstring).
     A recorded flag or request field that `command` does not reproduce (settings.table: unreplayed) is a
-    TranscriptError naming it."""
+    TranscriptError naming it. `rebuilt`: the generation_settings the server's own request parsing
+    produced for a request it did not echo (recovery/server_view.py) and where they came from; its
+    grammar is used where the server built one from the request. `grammar=False`: the sampling values
+    only (a caller that needs no grammar)."""
     why = unreplayed(rec.flags, rec.request, command)
     if why is not None:
         raise TranscriptError(why)
@@ -64,10 +70,12 @@ def request_settings(rec: Record, *, flags: Mapping[str, Any] | None = None,
         except ValueError as e:
             raise TranscriptError(str(e)) from e
     eff = effective(rec.endpoint, rec.request, defaults, echo=echo)
-    grammar, source = _grammar(rec, echo, defaults)
-    if grammar is None:
+    if not grammar:
         return eff
-    return replace(eff, grammar=grammar, sources={**eff.sources, "grammar": source})
+    built, source = _grammar(rec, echo, defaults, rebuilt)
+    if built is None:
+        return eff
+    return replace(eff, grammar=built, sources={**eff.sources, "grammar": source})
 
 
 def regex_escape(word: str) -> str:
@@ -119,25 +127,47 @@ def _kind(rec: Record, defaults: Mapping) -> str:
     return "output_format" if defaults.get("json_schema", (None,))[0] else "user"
 
 
-def _grammar(rec: Record, echo: Mapping | None, defaults: Mapping) -> tuple[Grammar | None, str]:
+def builds_grammar(rec: Record) -> list[str]:
+    """The request fields from which the server builds a grammar itself (its JSON schema,
+    response_format, tools; server-common.cpp:1293-1320, server-schema.cpp:251-285): what is not in the
+    transcript unless the response echoes it. A /completion request's own `grammar` wins over them."""
+    body = rec.request
+    built = [k for k in ("json_schema", "response_format", "tools") if body.get(k)]
+    fmt = body.get("response_format")
+    if not (isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")):
+        built = [k for k in built if k != "response_format"]  # "text" builds none; /completion ignores it
+    if rec.endpoint != CHAT and body.get("grammar"):
+        return []
+    return built
+
+
+def _echo_grammar(rec: Record, echo: Mapping, defaults: Mapping) -> Grammar | None:
+    text = echo.get("grammar")
+    if not text:
+        return None
+    if not isinstance(text, str):
+        raise TranscriptError("\"generation_settings.grammar\" must be a string")
+    patterns, tokens = _triggers(echo.get("grammar_triggers"))
+    return Grammar(text, _kind(rec, defaults), bool(echo.get("grammar_lazy")), patterns, tokens,
+                   echo.get("generation_prompt") or "")
+
+
+def _grammar(rec: Record, echo: Mapping | None, defaults: Mapping,
+             rebuilt: tuple[Mapping, str] | None = None) -> tuple[Grammar | None, str]:
     body = rec.request
     if echo is not None:
         text = echo.get("grammar")
         if not text:
             return None, "generation_settings"
-        if not isinstance(text, str):
-            raise TranscriptError("\"generation_settings.grammar\" must be a string")
-        patterns, tokens = _triggers(echo.get("grammar_triggers"))
-        return Grammar(text, _kind(rec, defaults), bool(echo.get("grammar_lazy")), patterns, tokens,
-                       echo.get("generation_prompt") or ""), "generation_settings"
-    built = [k for k in ("json_schema", "response_format", "tools") if body.get(k)]
-    fmt = body.get("response_format")
-    if not (isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")):
-        built = [k for k in built if k != "response_format"]  # "text" builds none; /completion ignores it
-    if built and not (rec.endpoint != CHAT and body.get("grammar")):
+        return _echo_grammar(rec, echo, defaults), "generation_settings"
+    built = builds_grammar(rec)
+    if built and rebuilt is not None:
+        return _echo_grammar(rec, rebuilt[0], defaults), rebuilt[1]
+    if built:
         raise TranscriptError(f"the server built a grammar from the request's {', '.join(built)}, and the response "
                               "does not carry it (only /completion responses, and the others with \"verbose\": "
-                              "true, echo it): record with `spec-replay record`, which asks for it")
+                              "true, echo it): record with `spec-replay record`, which asks for it, or build the "
+                              "transcript's llama.cpp with `spec-replay build` so its own request parsing rebuilds it")
     if isinstance(body.get("grammar"), str) and body["grammar"]:
         if body.get("grammar_lazy"):
             patterns, tokens = _triggers(body.get("grammar_triggers"))

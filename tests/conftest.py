@@ -38,7 +38,7 @@ binding.load()
 
 
 # what each fixture needs; a test whose fixtures (transitively) need a marker must carry it
-NEEDS = {"b11434": ("build",), "smollm2": ("model",), "smollm2_draft": ("model", "build"), "gemma3": ("model",),
+NEEDS = {"b11434": ("build",), "server_cpu": ("build",), "smollm2": ("model",), "smollm2_draft": ("model", "build"), "gemma3": ("model",),
          "gemma3_draft": ("model", "build"),
          "start_server": ("build", "live_server"), "module_server": ("build", "live_server")}
 
@@ -74,6 +74,17 @@ def _no_build_unless_marked(request, monkeypatch):
 def b11434():
     """The real b11434 llama-server, llama-speculative and llama-quantize."""
     return ensure_built(BuildSpec("b11434"))
+
+
+@pytest.fixture(scope="session")
+def server_cpu(b11434) -> tuple[str, ...]:
+    """`--server-cpu V` for a transcript of a server this suite started from the b11434 build on this
+    host: V is the variant its ggml loaded, the best this host runs. For subprocess runs of tests that
+    are not about finding the kernels (tests/test_cpu_variants.py is), which would otherwise probe
+    every variant on every long prompt."""
+    from replay.kernels.variants import host_cpu_flags, runnable
+    can = runnable(b11434.cpu_variants, host_cpu_flags())
+    return ("--server-cpu", can[0]) if can else ()
 
 
 @pytest.fixture(scope="session")

@@ -165,7 +165,12 @@ def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
     cache.put("bad", Probe("x64", None, "the worker process died"))  # an error is not kept
     assert cache.get("bad") is None
     for change in ({"text": "{ }"}, {"variant": "sse42"}, {"indices": [1]}, {"flags": {"n_ctx": 4096}},
-                   {"options": RecoverOptions(tolerance=1e-3)}):
+                   {"options": RecoverOptions(build=11368)}, {"options": RecoverOptions(chunk=4)}):
         assert probe_key(**{**base, **change}) != key, change
+    # what does not change a witness's values does not probe again: the tolerance, prefix reuse
+    # (exact), the user's word on shared batches
+    for same in (RecoverOptions(tolerance=1e-3), RecoverOptions(reuse_prefix=False),
+                 RecoverOptions(shared_batches=True)):
+        assert probe_key(**{**base, "options": same}) == key, same
     model.write_bytes(b"GGUF2")  # another model file at the same path
     assert probe_key(**base) != key

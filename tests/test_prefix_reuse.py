@@ -160,7 +160,7 @@ def test_a_cache_left_by_a_request_outside_the_file_is_rebuilt(cached_plain, smo
 @pytest.mark.build
 @pytest.mark.live_server
 @pytest.mark.model
-def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tmp_path):
+def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tmp_path, server_cpu):
     """The same record claiming 1,100 cached tokens: rebuilt cells cut at the wrong place give
     values that are not the server's (a fresh evaluation differs too, by 0.06 nats); recover
     says why in one line and writes nothing."""
@@ -171,8 +171,8 @@ def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tm
     res = recover(src, smollm2)
     assert not res.ok and res.records[0].summary()["max_abs_diff_real"] > 1e-2
     out = tmp_path / "out.jsonl"
-    p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(src), "-m", str(smollm2), "-o", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(src), "-m", str(smollm2), "-o", str(out),
+                        *server_cpu], capture_output=True, text=True, timeout=600)
     last = p.stderr.strip().splitlines()[-1]
     assert p.returncode == 1 and not out.exists()
     assert "Traceback" not in p.stderr and last.startswith("Error: ") and "evaluated on their own" in last
@@ -181,12 +181,13 @@ def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tm
 @pytest.mark.build
 @pytest.mark.live_server
 @pytest.mark.model
-def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path):
+def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path, server_cpu):
     outs = {}
     for flag in ([], ["--no-prefix-reuse"]):
         out, report = tmp_path / f"out{len(flag)}.jsonl", tmp_path / f"report{len(flag)}.json"
         p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(fresh_plain), "-m", str(smollm2),
-                            "-o", str(out), "--report", str(report), *flag], capture_output=True, text=True, timeout=900)
+                            "-o", str(out), "--report", str(report), *flag, *server_cpu], capture_output=True, text=True,
+                           timeout=900)
         assert p.returncode == 0, p.stderr
         rep = json.loads(report.read_text())
         outs[bool(flag)] = (out.read_bytes(), [r["reused_prompt_tokens"] for r in rep["records"]],
@@ -225,12 +226,12 @@ def test_a_speculating_server_with_its_cache_on_is_recovered(cached_spec, smollm
 @pytest.mark.build
 @pytest.mark.live_server
 @pytest.mark.model
-def test_trace_continues_the_slot_the_server_reused(cached_spec, smollm2):
+def test_trace_continues_the_slot_the_server_reused(cached_spec, smollm2, server_cpu):
     """trace keeps the slot's memory across the records of a file: where the server took prompt tokens
     from its cache, the trace keeps the same cells (its own verify batches left them) and reproduces
     the server token for token, draft totals included, with nothing to excuse."""
     p = subprocess.run([sys.executable, "-m", "replay.cli", "trace", str(cached_spec), "-m", str(smollm2), "-md", str(smollm2),
-                        "--json"], capture_output=True, text=True, timeout=900)
+                        "--json", *server_cpu], capture_output=True, text=True, timeout=900)
     assert "Traceback" not in p.stderr
     recs = json.loads(p.stdout)["records"]
     assert all(r["reproduced"] is True and r["notes"] == [] for r in recs), [(r["first_divergence"], r["notes"])

@@ -31,6 +31,9 @@ from ..transcripts.readers import Record
 
 WITNESSES = 8  # first entries probed per variant when batches may have been shared
 DECODES = 16  # tokens after the first, decoded one at a time, that make a variant's decode signature
+# the recover options a witness's values depend on (recovery/recover.py RecoverOptions): the loop
+# shape's build and source, the decode schedule
+PROBE_OPTIONS = ("build", "source", "chunk")
 
 
 @dataclass(frozen=True)
@@ -123,12 +126,15 @@ def _file_id(path: Path) -> list:
 def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model: str | Path, flags: dict, options,
               libllama: Path | None, variant: str, until_exact: float | None) -> str:
     """What a probe's result depends on, hashed: the transcript's text and request, the witnesses, the
-    model file and the variant's library (by path, size and mtime), the flags and recover options,
-    and the decode count."""
+    model file and the variant's library (by path, size and mtime), the flags, the options that change
+    what a witness evaluates to (PROBE_OPTIONS: not the tolerance, the output or the prefix reuse,
+    which is exact), and the decode count. recover and trace, and a second run with other output
+    options, share their probes."""
     lib = Path(libllama) if libllama else None
     parts = {"text": hashlib.sha256(text.encode()).hexdigest(), "request": request, "indices": list(indices),
              "model": _file_id(Path(model)), "flags": {k: repr(v) for k, v in sorted(flags.items())},
-             "options": repr(replace(options, cpu=None)), "until": until_exact, "decodes": DECODES,
+             "options": {f: repr(getattr(options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
+             "decodes": DECODES,
              "lib": None if lib is None else [_file_id(f) for f in sorted(lib.glob("lib*.so*")) if f.is_file()],
              "variant": variant}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import math
 import re
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -102,6 +103,40 @@ def chi_square(counts: dict[int, int], reference: dict[int, float]) -> tuple[flo
     exp = exp / exp.sum() * n
     stat, p = chisquare(obs, exp)
     return float(stat), float(p)
+
+
+def tv_curve(outcomes: Sequence[int], reference: Mapping[int, float], sizes: Sequence[int]
+             ) -> list[tuple[int, float]]:
+    """The total variation distance, 1/2 sum_t |f_n(t) - p(t)|, between the first n outcomes' frequencies
+    and `reference`, for each n in `sizes` (those larger than the outcomes are left out). A sampler of
+    `reference` has distances that shrink like 1/sqrt(n) (tv_noise); a biased one's settle at its bias.
+
+    >>> tv_curve([1, 1, 2, 1], {1: 0.5, 2: 0.5}, [2, 4, 8])
+    [(2, 0.5), (4, 0.25)]
+    """
+    out = []
+    for n in sizes:
+        if n > len(outcomes) or n <= 0:
+            continue
+        head = outcomes[:n]
+        seen = set(head) | set(reference)
+        out.append((n, 0.5 * sum(abs(head.count(t) / n - reference.get(t, 0.0)) for t in seen)))
+    return out
+
+
+def tv_noise(reference: Mapping[int, float], n: int, z: float = 3.0) -> float:
+    """A bound on the distance sampling noise alone gives n draws of `reference`: z times
+    1/2 sum_t sqrt(p(1-p)/n), the sum of the frequencies' standard errors (E|f - p| <= sd).
+
+    >>> round(tv_noise({1: 0.5, 2: 0.5}, 100), 3)
+    0.15
+    """
+    return z * 0.5 * sum(math.sqrt(p * (1 - p) / n) for p in reference.values())
+
+
+def outcomes(run: "PathRun", prefix_id: int) -> list[int]:
+    """The token after the prefix, seed by seed in seed order, of the seeds that drew the prefix."""
+    return [t for _, t in sorted(run.second(prefix_id).items()) if t is not None]
 
 
 # --- the reference ---------------------------------------------------------------------------

@@ -90,8 +90,9 @@ def test_trace_reproduces_the_server_on_each_architecture(arch, mode, start_serv
     if mode == "probabilistic-t1":
         assert any(rule.startswith("rejection") for rule in rules)
     if arch == "granitehybrid" and mode != "ngram":
-        assert any("checkpoint restored" in rule for rule in rules), rules  # the checkpoint path ran
-        assert "checkpoint replay" in rules or temp == 0 or mode == "greedy-t1"
+        # the checkpoint path ran: a partly accepted step restored, and its kept tokens replayed
+        assert any("checkpoint restored" in rule for rule in rules), rules
+        assert any(rule.startswith("checkpoint replay") for rule in rules), rules
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -74,7 +74,8 @@ class Step:
     index: int
     pos0: int  # position of `sampled` (the last emitted token, not yet in the KV)
     sampled: int
-    rule: str  # "normal" | "sample-and-match" | "rejection"
+    rule: str  # "normal" | "sample-and-match" | "rejection" | "checkpoint replay[ (sample-and-match)]",
+    #            with ", checkpoint restored" when a partly accepted step was undone
     drafter: str | None = None
     draft: list[int] = field(default_factory=list)
     draft_q: list[float] | None = None  # draft probability of each draft token (probabilistic draft-simple)
@@ -337,6 +338,8 @@ class SpeculativeLoop:
         else:
             rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
             v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
+            if replay:  # greedy drafts: the kept tokens are sampled and matched again (:4267-4268)
+                rule = f"checkpoint replay ({rule})"
         if saved is not None and len(v.ids) < len(draft) + 1:
             # partial acceptance on a checkpointed target: restore, keep what was accepted (with the
             # verifier's last token) as the next step's draft, and emit nothing now (:4282-4311)

@@ -83,6 +83,19 @@ def test_sampling_flags_on_the_server_command_line(pair, smollm2, smollm2_draft,
     assert told["reproduced"] is True, told["notes"]
 
 
+@pytest.mark.parametrize("mirostat", [1, 2])
+def test_mirostat_post_sampling_values_follow_the_servers_own_state(pair, smollm2, smollm2_draft, tmp_path, mirostat):
+    """Mirostat's mu follows the token the chain selects: recover's chain selects the emitted tokens
+    (its draws are the server's), so its post-sampling values are the unspeculated server's; where it
+    would not, recover refuses by name (recovery/evaluate.py: stateful_sampler)."""
+    spec, plain = pair(smollm2)
+    body = {"prompt": "Write a short story about a fox:", "n_predict": 48, "n_probs": 3, "temperature": 1.0,
+            "seed": 17, "mirostat": mirostat, "post_sampling_probs": True}
+    s, p = _record(spec, "/completion", body), _record(plain, "/completion", body)
+    rep = _check_recovered(s, p, smollm2, tmp_path, f"mirostat-{mirostat}", spec_args=_spec(smollm2_draft))
+    assert _settings(rep)["--mirostat"] == (mirostat, "request")
+
+
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}},
           "required": ["name", "age", "city"]}

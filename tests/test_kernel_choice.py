@@ -172,5 +172,6 @@ def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
     for same in (RecoverOptions(tolerance=1e-3), RecoverOptions(reuse_prefix=False),
                  RecoverOptions(shared_batches=True)):
         assert probe_key(**{**base, "options": same}) == key, same
+    assert probe_key(**{**base, "flags": {"threads": 1}}) == key
     model.write_bytes(b"GGUF2")  # another model file at the same path
     assert probe_key(**base) != key

@@ -34,6 +34,9 @@ DECODES = 16  # tokens after the first, decoded one at a time, that make a varia
 # the recover options a witness's values depend on (recovery/recover.py RecoverOptions): the loop
 # shape's build and source, the decode schedule
 PROBE_OPTIONS = ("build", "source", "chunk")
+# flags that change no value ggml's CPU kernels compute (each output row is one thread's, summed in one
+# order: tests/test_workers.py, values do not depend on the thread count)
+THREAD_FLAGS = ("threads", "threads_batch")
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model:
     options, share their probes."""
     lib = Path(libllama) if libllama else None
     parts = {"text": hashlib.sha256(text.encode()).hexdigest(), "request": request, "indices": list(indices),
-             "model": _file_id(Path(model)), "flags": {k: repr(v) for k, v in sorted(flags.items())},
+             "model": _file_id(Path(model)),
+             "flags": {k: repr(v) for k, v in sorted(flags.items()) if k not in THREAD_FLAGS},
              "options": {f: repr(getattr(options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
              "decodes": DECODES,
              "lib": None if lib is None else [_file_id(f) for f in sorted(lib.glob("lib*.so*")) if f.is_file()],

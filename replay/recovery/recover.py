@@ -185,7 +185,7 @@ class Recoverer:
         view = server_view(rec, self.model.path, self.flags, lambda p: server_tokens(self.model, p),
                            self.model.chat_template())
         settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta,
-                                    rebuilt=(view.echo or {}, view.source) if view else None)
+                                    rebuilt=view.rebuilt if view else None)
         n_probs = settings.params.n_probs
         rep = RecordReport(rec.source, rec.index, rec.endpoint, rec.stream, "prob" if post else "logprob", n_probs)
         rep.settings = settings.describe()

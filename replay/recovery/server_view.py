@@ -55,6 +55,11 @@ class ServerView:
     def source(self) -> str:
         return f"{self.helper.build}'s own request parsing ({self.how})"
 
+    @property
+    def rebuilt(self) -> tuple[dict, str]:
+        """What request_settings takes as `rebuilt`: the echo and where it came from."""
+        return self.echo or {}, self.source
+
 
 def needs_view(rec: Record) -> bool:
     """Whether the record's prompt or grammar must come from the server's code: a chat request without

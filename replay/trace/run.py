@@ -288,7 +288,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
     draft = drafts.get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace",
-                                rebuilt=(view.echo or {}, view.source) if view else None)
+                                rebuilt=view.rebuilt if view else None)
     recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
     _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
     timings = final.get("timings")

@@ -10,7 +10,7 @@ from replay.llamacpp.models import tiny_target
 from replay.runtime.llama import Model
 from replay.runtime.sampler import SamplerChain
 from replay.settings.sampling import SamplingParams
-from replay.trace.divergence import dist_draw, explain_greedy, explain_rejection, explain_sampled
+from replay.trace.divergence import admitted, dist_draw, explain_greedy, explain_rejection, explain_sampled
 
 IDS = np.array([5, 6, 7])
 P = np.array([0.5, 0.3, 0.2], dtype=np.float32)
@@ -68,3 +68,18 @@ def test_near_ties_in_the_order_can_swap_two_intervals():
 def test_a_trace_token_outside_the_kept_candidates_still_gets_an_explanation():
     e = explain_sampled(IDS, P, 0.79, ours=99, theirs=7, noise=0.05)
     assert e.cause == "numerics" and "outside the kept candidates" in e.text
+
+
+def test_a_token_the_chain_cut_near_the_boundary_can_be_the_servers_draw():
+    """top-k kept 5 and 6; 7's logit lies 0.08 below 6's, so with every logit off by 0.05 the server's
+    chain may have kept 7 in 6's place (admitted), and a draw near the end of the row then falls in
+    7's interval. 0.2 below, it is out of reach: the loop."""
+    raw = {5: 1.0, 6: 0.49, 7: 0.41}
+    ids, p = np.array([5, 6]), np.array([0.625, 0.375], dtype=np.float32)
+    wide = admitted(ids, p, 7, raw, temp=1.0, noise=0.05)
+    assert wide is not None and wide[0].tolist() == [5, 6, 7] and abs(wide[2] - 0.08) < 1e-9
+    e = explain_sampled(*wide[:2], 0.99, ours=6, theirs=7, noise=0.05)
+    assert e.cause == "numerics"
+    assert explain_sampled(*wide[:2], 0.30, ours=5, theirs=7, noise=0.05).cause == "loop"
+    assert admitted(ids, p, 7, {5: 1.0, 6: 0.49, 7: 0.29}, temp=1.0, noise=0.05) is None
+    assert admitted(ids, p, 7, {5: 1.0, 7: 0.41}, temp=1.0, noise=0.05) is None  # a kept logit unknown

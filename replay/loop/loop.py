@@ -45,6 +45,7 @@ from .verify import match_continues, rejection_step
 
 Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
 CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
+BEST_KEPT = 256  # raw logits kept per emitted token, likewise
 EMPTY_Q = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32))  # a draft distribution with no candidates
 
 
@@ -64,7 +65,9 @@ class Emitted:
     draw: int = 0
     cands: np.ndarray | None = field(default=None, repr=False)
     how: str = "sampled"  # "sampled" | "accepted" (a draft token kept by rejection) | "residual"
-    best_logits: dict[int, float] = field(default_factory=dict, repr=False)  # the row's largest raw logits
+    # the row's BEST_KEPT largest raw logits (and its own): a near tie at temperature 0, or a token the
+    # trace's chain cut that the server's kept within the numeric difference (trace/divergence.py)
+    best_logits: dict[int, float] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -474,7 +477,7 @@ class SpeculativeLoop:
         `n_before` tokens were emitted before this step, which verified `n_step` (Limits.context_full)."""
         logprob, top = pre_sampling(logits, tok, self.n_probs)
         post_p, post_top = post_sampling(cands, tok, self.n_probs)
-        best = np.argpartition(logits, -4)[-4:] if len(logits) > 4 else np.arange(len(logits))
+        best = np.argpartition(logits, -BEST_KEPT)[-BEST_KEPT:] if len(logits) > BEST_KEPT else np.arange(len(logits))
         self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top, draw=how[0],
                                     cands=cands[:CANDS_KEPT].copy(), how=how[1],
                                     best_logits={int(i): float(logits[i]) for i in best} | {tok: float(logits[tok])}))

@@ -89,6 +89,40 @@ def explain_sampled(ids: np.ndarray, p: np.ndarray, u: float, ours: int, theirs:
                        ("explained by numerics: " if inside else "not a near tie: ") + figures)
 
 
+def admitted(ids: np.ndarray, p: np.ndarray, theirs: int, raw: dict[int, float], temp: float,
+             noise: float) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """The candidates with the server's token added, when the trace's chain cut it but a numeric
+    difference of `noise` nats could have kept it; None otherwise. Returns (ids, p, gap).
+
+    top-k, top-p and min-p keep a prefix of the candidates in logit order, so a token whose raw logit
+    lies within 2 * noise of the lowest kept candidate's can trade places with it and be kept (a
+    sufficient condition: min-p may keep it further down). Its p, beside the kept candidates', is the
+    lowest kept one's times e^(-gap / temp) (the chain's softmax over logits / temp), and the whole row
+    is normalised again; `raw` holds the row's largest raw logits.
+
+    Token 3's logit is 0.1 below token 2's, within 2 * 0.1; its p is 0.25 * e^-0.1 before the row is
+    normalised again; at noise 0.04 it is out of reach:
+
+    >>> ids, p, gap = admitted(np.array([1, 2]), np.array([0.75, 0.25]), 3, {1: 2.0, 2: 0.9, 3: 0.8}, 1.0, 0.1)
+    >>> ids.tolist(), [round(float(v), 4) for v in p], round(gap, 3)
+    ([1, 2, 3], [0.6116, 0.2039, 0.1845], 0.1)
+    >>> admitted(np.array([1, 2]), np.array([0.75, 0.25]), 3, {1: 2.0, 2: 0.9, 3: 0.8}, 1.0, 0.04) is None
+    True
+    """
+    if theirs in set(int(i) for i in ids) or theirs not in raw or temp <= 0 or len(ids) == 0:
+        return None
+    kept = [raw.get(int(i)) for i in ids]
+    if any(v is None for v in kept):
+        return None
+    low = int(np.argmin(kept))
+    gap = float(kept[low]) - raw[theirs]
+    if gap > 2 * noise:
+        return None
+    pt = float(p[low]) * math.exp(-max(gap, 0.0) / temp)
+    p2 = np.append(p.astype(np.float64), pt)
+    return np.append(ids, theirs), p2 / p2.sum(), gap
+
+
 def _odds_moved(s: float, by: float) -> float:
     """The probability whose odds are those of `s` times e^by.
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..errors import ModelError, SpecReplayError, TranscriptError
 from ..loop.loop import Emitted, SpeculativeLoop, Step
 from ..loop.eras import NEWEST, Shape, shape_for
@@ -34,8 +36,8 @@ from ..transcripts.entries import SentEntry, n_prompt_cached, record_entries
 from ..transcripts.plan import Known, Plan, build_plan
 from ..transcripts.readers import Record, fingerprint
 from ..transcripts.request import request_settings
-from .divergence import (DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, dist_draw, explain_greedy, explain_rejection,
-                         explain_sampled, measured_noise)
+from .divergence import (DEFAULT_NOISE, MULTI_SLOT_NOISE, Explanation, admitted, dist_draw, explain_greedy,
+                         explain_rejection, explain_sampled, measured_noise)
 
 DEFAULT_N_CTX = 2048
 
@@ -199,10 +201,12 @@ def real_value_pairs(res: TraceResult, sent: Sequence[SentEntry], upto: int | No
 
 def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | None = None) -> Explanation | None:
     """Numerics or the loop, at the first divergence (trace/divergence.py). The numeric difference is
-    the largest measured on the record's real values up to the divergence; where the divergence
-    itself has no real value (a placeholder) on a server that ran several slots, at least
-    MULTI_SLOT_NOISE, since batches shared with other requests move later positions more than the
-    first token shows."""
+    the largest measured on the record's real values up to the divergence. On a server that ran
+    several slots (or may have), batches shared with other requests move a position's logits by more
+    than a few reported values show: where the values that decide the divergence (the tokens possibly
+    ahead of the server's in the draw's order, and the server's own) are not all among the real
+    values the server sent for that position (a placeholder, or a short top list), at least
+    MULTI_SLOT_NOISE, the largest difference measured on real values of concurrent traffic."""
     i = res.first_divergence
     if i is None or i >= len(res.emitted) or res.recorded is None or i >= len(res.recorded):
         return None
@@ -211,21 +215,33 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
     noise = measured_noise(real_value_pairs(res, sent, upto=i))
     assumed = noise is None
     noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
-    real_here = i < len(sent) and not sent[i].is_placeholder
-    multi = slots != 1 and i > 0 and not real_here and noise < MULTI_SLOT_NOISE
+    p = settings.params
+    rejection = e.how in ("accepted", "residual")
+    greedy = not rejection and p.temp <= 0 and p.mirostat == 0 and "temperature" in p.samplers
+    sampled = not (rejection or greedy) and p.mirostat == 0 and "adaptive_p" not in p.samplers and e.cands is not None
+    reported = set() if i >= len(sent) or sent[i].is_placeholder else \
+        {t for t, _, _ in sent[i].top} | {sent[i].id}
+    cands = (e.cands["id"], e.cands["p"]) if sampled else None
+    multi = slots != 1 and noise < MULTI_SLOT_NOISE and not (_decisive(e, theirs, cands, noise) <= reported)
     if multi:
         noise, assumed = MULTI_SLOT_NOISE, False
-    p = settings.params
-    if e.how in ("accepted", "residual"):
+    if rejection:
         step = res.steps[e.step]
         k = i - sum(len(s.emitted) for s in res.steps[:e.step])
         u = step.uniforms[k][0] if k < len(step.uniforms) else None
         q = step.draft_q[k] if step.draft_q and k < len(step.draft_q) else 0.0
         out = explain_rejection(u, step.target_p[k] if k < len(step.target_p) else 0.0, q, noise)
-    elif p.temp <= 0 and p.mirostat == 0 and "temperature" in p.samplers:
+    elif greedy:
         out = explain_greedy(e.best_logits.get(e.id, 0.0), e.best_logits.get(theirs), noise)
-    elif p.mirostat == 0 and "adaptive_p" not in p.samplers and e.cands is not None:
-        out = explain_sampled(e.cands["id"], e.cands["p"], dist_draw(p.seed, e.draw), e.id, theirs, noise)
+    elif sampled:
+        wider = None if settings.grammar else admitted(*cands, theirs, e.best_logits, p.temp, noise)
+        if wider is None:
+            out = explain_sampled(*cands, dist_draw(p.seed, e.draw), e.id, theirs, noise)
+        else:  # the trace's chain cut the server's token, near enough the boundary for the server's to keep it
+            out = explain_sampled(*wider[:2], dist_draw(p.seed, e.draw), e.id, theirs, noise)
+            out = Explanation(out.cause, out.text + f" (the trace's chain cut the server's token: its logit lies "
+                                                     f"{wider[2]:.4g} nats below the lowest kept candidate's, within "
+                                                     "the numeric difference of trading places with it)")
     else:
         return Explanation("loop", "mirostat and adaptive-p draws are not reconstructed: cannot tell")
     if assumed:
@@ -233,9 +249,24 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
                                                  f"difference: {DEFAULT_NOISE} assumed)")
     if multi:
         where = f"a {slots}-slot server" if slots else "a server that may run several slots"
-        out = Explanation(out.cause, out.text + f" (a placeholder here, on {where}: {MULTI_SLOT_NOISE} nats "
-                                                 "assumed, the largest difference measured on real values of "
-                                                 "concurrent traffic)")
+        what = "a placeholder here" if not reported else "values the server did not send here decide it"
+        out = Explanation(out.cause, out.text + f" ({what}, on {where}: {MULTI_SLOT_NOISE} nats assumed, the largest "
+                                                 "difference measured on real values of concurrent traffic)")
+    return out
+
+
+def _decisive(e, theirs: int, cands: tuple[np.ndarray, np.ndarray] | None, noise: float) -> set[int]:
+    """The tokens whose values decide whether the server could have picked `theirs` where the trace
+    picked e.id: both tokens, and for a draw (`cands` given) every candidate that may sit ahead of the server's in the
+    order (p >= p_theirs e^(-2 noise): explain_sampled)."""
+    out = {int(e.id), int(theirs)}
+    if cands is not None:
+        ids, p = cands
+        where = np.nonzero(ids == theirs)[0]
+        if len(where) == 0:
+            return out | {-1}  # the server's token is not among the candidates: nothing it sent covers that
+        floor = float(p[where[0]]) * math.exp(-2 * noise)
+        out |= {int(t) for t, v in zip(ids, p) if v >= floor}
     return out
 
 

@@ -32,27 +32,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from scale import patched_server_rows, workers_rows  # noqa: E402  (bench/scale.py, beside this script)
 from tabulate import tabulate  # noqa: E402
 
-from replay.llamacpp import models  # noqa: E402
-from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
-from replay.llamacpp.http import post_json  # noqa: E402
-from replay.llamacpp.process import LlamaServer, ServerConfig  # noqa: E402
-from replay.llamacpp.record import RequestItem, record_one  # noqa: E402
-from replay.recovery.recover import (  # noqa: E402
+from replay.commands.record import RequestItem, record_one  # noqa: E402
+from replay.commands.recover import (  # noqa: E402
     Recoverer,
     RecoverOptions,
     recover_records,
     result_of,
 )
+from replay.commands.trace import trace_record  # noqa: E402
+from replay.llamacpp import models  # noqa: E402
+from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
+from replay.llamacpp.http import post_json  # noqa: E402
+from replay.llamacpp.process import LlamaServer, ServerConfig  # noqa: E402
 from replay.runtime.llama import Context, Model, set_verbose  # noqa: E402
-from replay.trace.run import trace_record  # noqa: E402
 from replay.transcripts.format import dumps  # noqa: E402
-from scale import patched_server_rows, workers_rows  # noqa: E402  (bench/scale.py, beside this script)
-from replay.transcripts.readers import (
-    read_source,  # noqa: E402
-    read_text,  # noqa: E402
-)
+from replay.transcripts.readers import read_source  # noqa: E402
+from replay.transcripts.readers import read_text  # noqa: E402
 
 PROMPT = "Once upon a time"
 SYSTEM = " ".join(f"Rule {i}: answer politely and mention the number {i * 7 % 13}." for i in range(90))

@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.build import BuildSpec, ensure_built
 from replay.llamacpp.http import post_json
-from replay.llamacpp.patch_proof import pinned_tree, saved_patch
-from replay.llamacpp.patches import server_patch
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
+from replay.proof.patch_proof import pinned_tree, saved_patch
+from replay.proof.patches import server_patch
 from replay.transcripts.format import dumps
 
 N_RECORDS = 64

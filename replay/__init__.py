@@ -1,13 +1,13 @@
 """spec-replay: tell the truth about llama.cpp's speculative decoding.
 
     import replay
-    res = replay.recover("run.json", model="target.gguf")   # see replay.recovery.recover
+    res = replay.recover("run.json", model="target.gguf")   # see replay.commands.recover
 """
 __version__ = "0.1.0"
 
 
 def __getattr__(name):  # lazy: importing the package must not load libllama
     if name == "recover":
-        from .recovery.recover import recover
+        from replay.commands.recover import recover
         return recover
     raise AttributeError(name)

@@ -2,9 +2,14 @@
 
     SpecReplayError            base: the CLI prints `Error: <message>` and exits non-zero
     ├── BuildError             fetching or building llama.cpp failed
+    │   └── PatchError         a tree cannot be patched (not llama.cpp, or code we do not know)
+    ├── BindingError           a libllama cannot be loaded under llama-cpp-python's binding
+    ├── DecodeError            llama_decode failed (the context too small, most often)
     ├── ModelError             a GGUF is missing, corrupt, or not the transcript's model
     ├── ServerError            a llama-server is unreachable, not llama.cpp, or answered an error
     ├── TranscriptError        a request/transcript file cannot be read or replayed
+    │   └── Unaligned          generated text that no sequence of the model's pieces spells
+    ├── KernelsError           no CPU variant here reproduces the server, and nothing says why
     ├── OutputExistsError      refusing to overwrite a file without --force
     └── WorkerDied             an evaluator process or Ray actor ended without finishing its work
 
@@ -13,7 +18,9 @@ status), so a user can act on them without a traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+from typing import Iterator
 
 
 class SpecReplayError(Exception):
@@ -34,6 +41,25 @@ class SpecReplayError(Exception):
 
 class BuildError(SpecReplayError):
     """Fetching, patching or building llama.cpp failed."""
+
+
+class PatchError(BuildError):
+    """The tree cannot be patched (not llama.cpp, or code we do not recognise)."""
+
+
+class BindingError(SpecReplayError):
+    """A libllama cannot be loaded under llama-cpp-python's binding."""
+
+
+class DecodeError(SpecReplayError):
+    """llama_decode failed; `code` is its return value."""
+
+    MEANING = {1: "no KV cache slot for the batch (context too small)", 2: "aborted",
+               -1: "invalid batch"}
+
+    def __init__(self, code: int):
+        super().__init__(f"llama_decode returned {code}: {self.MEANING.get(code, 'fatal error')}")
+        self.code = code
 
 
 class ModelError(SpecReplayError):
@@ -68,9 +94,35 @@ class TranscriptError(SpecReplayError):
         return TranscriptError(self.bare, source=source, record=record)
 
 
+class Unaligned(TranscriptError):
+    """Generated text that no sequence of the model's pieces continues: not this model's transcript."""
+
+    def __init__(self, index: int, rest: bytes):
+        super().__init__(f"generated token {index}: no vocabulary piece continues the text {rest[:24]!r}; "
+                         "the transcript does not match this model")
+        self.index = index
+
+
+class KernelsError(SpecReplayError):
+    """No CPU variant here reproduces the server's first entry, and nothing said why."""
+
+
 class OutputExistsError(SpecReplayError):
     """The output file exists and --force was not given."""
 
 
 class WorkerDied(SpecReplayError):
     """An evaluator process (or Ray actor) ended without finishing its work; names it and its record."""
+
+
+@contextlib.contextmanager
+def located(source: str, record: int | None = None) -> Iterator[None]:
+    """A SpecReplayError raised inside names the file and record (SpecReplayError.located), chained
+    to the original."""
+    try:
+        yield
+    except SpecReplayError as e:
+        err = e.located(source, record)
+        if err is e:
+            raise
+        raise err from e

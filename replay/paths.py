@@ -12,6 +12,7 @@ The cache root is `$SPEC_REPLAY_CACHE`, else `~/.cache/spec-replay`:
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -23,3 +24,12 @@ def cache_root() -> Path:
     """The cache root directory (not created)."""
     env = os.environ.get("SPEC_REPLAY_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "spec-replay"
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes, read in 1 MiB chunks (models are hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -32,15 +32,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from replay.builds.loop_shapes import shape_for  # noqa: E402
 from replay.llamacpp import models  # noqa: E402
 from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
 from replay.llamacpp.libllama import libllama_of  # noqa: E402
-from replay.llamacpp.matrix import CONFIGS, run_config  # noqa: E402
-from replay.loop.eras import shape_for  # noqa: E402
+from replay.proof.matrix import CONFIGS, run_config  # noqa: E402
 from replay.runtime.binding import loaded_path, use_libllama  # noqa: E402
 from replay.runtime.llama import set_verbose  # noqa: E402
 
-# one build per loop shape spec-replay replays (loop/eras.py), required ones first
+# one build per loop shape spec-replay replays (builds/loop_shapes.py), required ones first
 MATRIX = ("b10705", "b11368", "b11401", "b11434", "0c1e570", "b9897", "b9246")
 README_BEGIN, README_END = "<!-- build-matrix -->", "<!-- /build-matrix -->"
 
@@ -85,7 +85,7 @@ def run_build(name: str, *, patch: bool, log) -> Result:
             log(f"{name}: {cfg.name}")
             r.configs[cfg.name] = run_config(cfg, bins, target, draft)
         if patch:
-            from replay.llamacpp.patch_proof import verify_server_patch
+            from replay.proof.patch_proof import verify_server_patch
             log(f"{name}: patch --verify")
             _, rows = verify_server_patch(None, name, seeds=range(1, 2))
             bad = [x for x in rows if not x.passed]

@@ -62,7 +62,7 @@ def _no_build_unless_marked(request, monkeypatch):
     test runs the same whether or not an earlier test built something."""
     if request.node.get_closest_marker("build") is None:
         from replay.llamacpp import build
-        from replay.recovery import server_view
+        from replay.tokens import server_view
 
         def refuse(*a, **k):
             raise AssertionError("this test builds llama.cpp but is not marked `build`")
@@ -82,7 +82,7 @@ def server_cpu(b11434) -> tuple[str, ...]:
     host: V is the variant its ggml loaded, the best this host runs. For subprocess runs of tests that
     are not about finding the kernels (tests/test_cpu_variants.py is), which would otherwise probe
     every variant on every long prompt."""
-    from replay.kernels.variants import host_cpu_flags, runnable
+    from replay.runtime.variants import host_cpu_flags, runnable
     can = runnable(b11434.cpu_variants, host_cpu_flags())
     return ("--server-cpu", can[0]) if can else ()
 

@@ -8,8 +8,9 @@ import math
 from pathlib import Path
 
 from cli_helpers import run
+
+from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.process import LlamaServer
-from replay.llamacpp.record import RequestItem, record_one
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.format import dumps, stream_objects
 

@@ -23,11 +23,11 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.llamacpp.matrix import max_value_diff
+from replay.commands.record import RequestItem, record_one
+from replay.commands.recover import recover_records
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
 from replay.paths import FIXTURES
-from replay.recovery.recover import recover_records
+from replay.proof.matrix import max_value_diff
 from replay.runtime.llama import Model
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text
@@ -127,8 +127,8 @@ def test_the_server_patch_reports_what_trace_predicts(arch, b11434):
     """patch --verify's value checks on this architecture: the patched speculating server's values are
     trace's prediction and the unspeculated server's, bit for bit where the schedule allows."""
     from replay.llamacpp.build import BuildSpec, ensure_built
-    from replay.llamacpp.patch_proof import Setup, check_values, pinned_tree, saved_patch
-    from replay.llamacpp.patches import server_patch
+    from replay.proof.patch_proof import Setup, check_values, pinned_tree, saved_patch
+    from replay.proof.patches import server_patch
     tree = pinned_tree("b11434")
     patched = ensure_built(BuildSpec("b11434", patch=saved_patch(server_patch(tree).diff, "server-b11434")))
     target, draft = files(arch)
@@ -143,7 +143,7 @@ def test_the_server_patch_reports_what_trace_predicts(arch, b11434):
 
 def _lab_prefix(target: Path) -> str:
     """The most likely first token after PROMPT (top-k 3, t 1) that is one token on its own: the lab's prefix."""
-    from replay.lab.distribution import _after
+    from replay.proof.distribution import _after
     with Model(target) as m:
         (_, after), = _after(m, [m.tokenize(PROMPT, add_special=True, parse_special=False)])
         for t in [int(i) for i in after.ids]:
@@ -155,7 +155,7 @@ def _lab_prefix(target: Path) -> str:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_servers_loop_and_trace_keep_the_target_distribution(arch, b11434):
-    from replay.lab.distribution import Lab, run_lab
+    from replay.proof.distribution import Lab, run_lab
     target, draft = files(arch)
     lab = Lab(target, draft, prompt=PROMPT, prefix=_lab_prefix(target), seeds=range(1, 801))
     res = run_lab(lab, b11434.server, None, paths=("a", "b-greedy", "b-probabilistic", "c-greedy",
@@ -177,9 +177,10 @@ def test_a_quantized_fixture_refuses_the_prompt_schedule_the_server_does_not_run
     transformer's: recover with the server's schedule is exact; with the other one (the cut left out,
     as before it was reproduced; or, for Qwen 3, added) the first token's real value disagrees beyond
     the tolerance and recover refuses in one line."""
-    import replay.recovery.recover as recover_mod
-    from replay.schedule.memory import checkpoint_rules
     from cli_helpers import one_error, run
+
+    import replay.commands.recover as recover_mod
+    from replay.schedule.memory import checkpoint_rules
     target = files(arch, quantized=True)[0]
     srv = start_server(ServerConfig(target, n_ctx=256))
     src = tmp_path / "plain.jsonl"

@@ -1,19 +1,19 @@
 """The loop shape no pinned tree has, on its own real build: era H (b11368..b11382), the rejection
 verifier's first builds, whose n-gram drafts cut to n_max at t > 0 go through rejection against empty
-draft distributions. `pytest -m other_builds` builds b11368 for it (loop/eras.py; the pinned trees are eras I
+draft distributions. `pytest -m other_builds` builds b11368 for it (builds/loop_shapes.py; the pinned trees are eras I
 and G); the default run leaves it out.
 
-Every configuration of the build matrix (replay/llamacpp/matrix.py), 10 seeds each: trace token-exact
+Every configuration of the build matrix (replay/proof/matrix.py), 10 seeds each: trace token-exact
 in the shape chosen from build_info, recover equal to the build's own unspeculated server.
 """
 from __future__ import annotations
 
 import pytest
 
+from replay.builds.loop_shapes import shape_for
 from replay.llamacpp import models
 from replay.llamacpp.build import BuildSpec, ensure_built
-from replay.llamacpp.matrix import CONFIGS, run_config
-from replay.loop.eras import shape_for
+from replay.proof.matrix import CONFIGS, run_config
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model, pytest.mark.other_builds]
 

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from replay.kernels.variants import PREFIX, VARIANTS, host_cpu_flags, runnable
-from replay.llamacpp.matrix import max_value_diff
+from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
+from replay.proof.matrix import max_value_diff
+from replay.runtime.variants import PREFIX, VARIANTS, host_cpu_flags, runnable
 from replay.transcripts.format import dumps
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.lab.distribution import Lab, example_binaries, outcomes, run_lab, tv_curve, tv_noise
 from replay.llamacpp.models import tiny_draft, tiny_target
+from replay.proof.distribution import Lab, example_binaries, outcomes, run_lab, tv_curve, tv_noise
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server]
 

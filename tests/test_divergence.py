@@ -1,4 +1,4 @@
-"""Why a trace diverged (trace/divergence.py): a draw within the numeric difference of a boundary
+"""Why a trace diverged (comparison/divergence.py): a draw within the numeric difference of a boundary
 (numerics), or anything else (the loop). The draw is the target chain's own: checked here against
 libllama's dist sampler, so the figures in a divergence report are the server's."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from replay.comparison.divergence import admitted, dist_draw, explain_greedy, explain_rejection, explain_sampled
 from replay.llamacpp.models import tiny_target
 from replay.runtime.llama import Model
 from replay.runtime.sampler import SamplerChain
 from replay.settings.sampling import SamplingParams
-from replay.trace.divergence import admitted, dist_draw, explain_greedy, explain_rejection, explain_sampled
 
 IDS = np.array([5, 6, 7])
 P = np.array([0.5, 0.3, 0.2], dtype=np.float32)

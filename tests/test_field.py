@@ -20,13 +20,16 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import one_error, run
-from field_helpers import check_recovered as _check_recovered, record as _record, settings_of as _settings, \
-    spec_args as _spec, trace as _trace
+from field_helpers import check_recovered as _check_recovered
+from field_helpers import record as _record
+from field_helpers import settings_of as _settings
+from field_helpers import spec_args as _spec
+from field_helpers import trace as _trace
+
+from replay.commands.record import server_snapshot
 from replay.llamacpp.models import SMOLLM2_FILE_DEFAULTS, smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import server_snapshot
 from replay.transcripts.format import stream_objects
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
@@ -87,7 +90,7 @@ def test_sampling_flags_on_the_server_command_line(pair, smollm2, smollm2_draft,
 def test_mirostat_post_sampling_values_follow_the_servers_own_state(pair, smollm2, smollm2_draft, tmp_path, mirostat):
     """Mirostat's mu follows the token the chain selects: recover's chain selects the emitted tokens
     (its draws are the server's), so its post-sampling values are the unspeculated server's; where it
-    would not, recover refuses by name (recovery/evaluate.py: stateful_sampler)."""
+    would not, recover refuses by name (evaluation/walk.py: stateful_sampler)."""
     spec, plain = pair(smollm2)
     body = {"prompt": "Write a short story about a fox:", "n_predict": 48, "n_probs": 3, "temperature": 1.0,
             "seed": 17, "mirostat": mirostat, "post_sampling_probs": True}
@@ -213,7 +216,7 @@ def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm
     for tr in traced:
         assert tr["reproduced"] is True or (tr["divergence"] and tr["divergence"]["cause"] == "numerics"), \
             (tr["first_divergence"], tr["divergence"], tr["notes"])
-    # each slot's state is its own (trace/state.py): 2 workers print what one process prints
+    # each slot's state is its own (commands/trace_state.py): 2 workers print what one process prints
     assert _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft, "--workers", "2") == traced
     print(f"\nconcurrent: {batched} of 4 records' real values judged batch numerics")
 

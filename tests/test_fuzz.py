@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replay.commands.recover import Recoverer
 from replay.errors import SpecReplayError
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
-from replay.recovery.recover import Recoverer
-from replay.recovery.repair import serialise
+from replay.report.repair import serialise
 from replay.transcripts.readers import decode_text, read_text
 
 CASES = int(os.environ.get("SPEC_REPLAY_FUZZ_CASES", "1000"))  # per reader shape

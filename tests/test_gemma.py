@@ -15,12 +15,12 @@ import json
 import threading
 
 import pytest
-
 from cli_helpers import one_error, run
 from field_helpers import TOL, aligned, check_recovered, compare_filled, entries, record, trace, traced_real_values
+
+from replay.commands.record import server_snapshot
+from replay.comparison.values import SPEC_KV_DRIFT
 from replay.llamacpp.process import ServerConfig
-from replay.llamacpp.record import server_snapshot
-from replay.recovery.compare import SPEC_KV_DRIFT
 from replay.transcripts.format import dumps
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
@@ -99,7 +99,7 @@ def test_a_transcript_without_server_details_is_judged_strictly(servers, gemma3,
     """No slot count, flags or /props (a request and response saved by another tool): exact with the
     server's prompt cuts; with the cuts left out (the code before them), refused in one line, where
     the old rule accepted it as "batches shared with other requests"."""
-    import replay.recovery.recover as recover_mod
+    import replay.commands.recover as recover_mod
     from replay.schedule.memory import checkpoint_rules
     spec, _ = servers
     s = record(spec, "/completion", {"prompt": LONG, "n_predict": 24, "n_probs": 3, "temperature": 1.0, "seed": 5})

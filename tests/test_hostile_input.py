@@ -11,9 +11,9 @@ import json
 import pytest
 from cli_helpers import clean_exit, run
 
+from replay.evaluation.walk import PieceIndex
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
-from replay.recovery.evaluate import PieceIndex
 
 BASE = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
 

@@ -3,13 +3,15 @@ CPU runs, and the choice from the probes of the first real entry (quick tier: pu
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from replay.kernels.choice import EXACT, KernelsError, choose_variant
-from replay.kernels.probe import Probe, witnesses
-from replay.kernels.variants import VARIANTS, host_cpu_flags, runnable, score
+from replay.commands.kernel_choice import EXACT, choose_variant
+from replay.commands.probe import Probe, witnesses
+from replay.errors import KernelsError
 from replay.paths import FIXTURES
+from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, score
 from replay.transcripts.readers import read_text
 
 AVX2_HOST = "fpu sse2 ssse3 sse4_1 sse4_2 avx f16c fma bmi1 bmi2 avx2".split()
@@ -151,8 +153,8 @@ def test_equal_variants_whose_decodes_differ_within_the_tolerance_are_one_class_
 
 
 def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
-    from replay.kernels.probe import ProbeCache, probe_key
-    from replay.recovery.recover import RecoverOptions
+    from replay.commands.probe import ProbeCache, probe_key
+    from replay.commands.recover import RecoverOptions
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     base = dict(text="{}", request=None, indices=[0], model=model, flags={}, options=RecoverOptions(),
@@ -165,7 +167,7 @@ def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
     cache.put("bad", Probe("x64", None, "the worker process died"))  # an error is not kept
     assert cache.get("bad") is None
     for change in ({"text": "{ }"}, {"variant": "sse42"}, {"indices": [1]}, {"flags": {"n_ctx": 4096}},
-                   {"options": RecoverOptions(build=11368)}, {"options": RecoverOptions(chunk=4)}):
+                   {"options": RecoverOptions(build=11368)}, {"options": RecoverOptions(source=Path("/src"))}):
         assert probe_key(**{**base, **change}) != key, change
     # what does not change a witness's values does not probe again: the tolerance, prefix reuse
     # (exact), the user's word on shared batches

@@ -6,7 +6,7 @@ with a placeholder (tools/server/server-context.cpp :4350-4357,
 list. The same request to a server without speculation returns real values
 for every token, and the tokens themselves are the same: the server's
 sample-and-match verification runs the target sampler once per emitted
-position with the same RNG stream (SERVER_LOOP.md section 0, item 3).
+position with the same RNG stream (docs/server-loop.md, fact 2).
 A token sampled outside the loop keeps its real values: with one token of
 n_predict left the server cannot draft (get_n_draft_max: n_remaining - 1 = 0,
 server-context.cpp:517-536), so the last token is real when the steps before
@@ -19,7 +19,7 @@ import math
 
 import pytest
 
-from replay.llamacpp.record import RequestItem, record_one
+from replay.commands.record import RequestItem, record_one
 from replay.transcripts.entries import sent_entries
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.llamacpp.matrix import max_value_diff
+from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
 from replay.paths import FIXTURES
+from replay.proof.matrix import max_value_diff
 from replay.transcripts.entries import record_entries
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text

@@ -15,21 +15,17 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.errors import PatchError
 from replay.llamacpp import models
 from replay.llamacpp.build import BuildSpec, ensure_built
-from replay.llamacpp.patch_proof import (
+from replay.proof.patch_proof import (
     check_no_probs,
     check_values,
     default_setups,
     pinned_tree,
     saved_patch,
 )
-from replay.llamacpp.patches import (
-    SERVER_FILE,
-    PatchError,
-    detect_server_profile,
-    server_patch,
-)
+from replay.proof.patches import SERVER_FILE, detect_server_profile, server_patch
 
 pytestmark = pytest.mark.build  # every test reads or builds a pinned llama.cpp tree
 

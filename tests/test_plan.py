@@ -13,7 +13,7 @@ import json
 import pytest
 
 from replay.errors import TranscriptError
-from replay.transcripts.plan import Known, Slot, build_plan, entry_at
+from replay.transcripts.plan import EntryPlace, Known, build_plan, entry_at
 from replay.transcripts.readers import read_text
 
 PIECES = {1: b"a", 2: b"\xc3", 3: b"\xa9", 4: b"b", 5: b"cd"}
@@ -33,16 +33,16 @@ def record(request: dict, response, endpoint: str = "/completion"):
 
 
 def shape(plan):
-    return [(type(i).__name__, i.id if isinstance(i, Known) else i.data, i.slot) for i in plan]
+    return [(type(i).__name__, i.id if isinstance(i, Known) else i.data, i.place) for i in plan]
 
 
 def test_a_token_ending_in_incomplete_utf8_is_a_gap_before_the_entry_that_carries_its_bytes():
     rec = record({"prompt": "x"}, {"content": "aé", "completion_probabilities": [
         entry(1, b"a"), entry(3, b"\xc3\xa9")]})
     assert shape(build_plan(rec, piece)) == [
-        ("Known", 1, Slot(None, 0, 0)),
-        ("Gap", b"\xc3", Slot(None, None, 1)),  # no entry: a new one goes before entry 1
-        ("Known", 3, Slot(None, 1, 1)),
+        ("Known", 1, EntryPlace(None, 0, 0)),
+        ("Gap", b"\xc3", EntryPlace(None, None, 1)),  # no entry: a new one goes before entry 1
+        ("Known", 3, EntryPlace(None, 1, 1)),
     ]
 
 
@@ -51,7 +51,7 @@ def test_returned_ids_are_authoritative_and_a_trimmed_stop_word_is_reported_not_
                                    "completion_probabilities": [entry(1, b"a"), entry(4, b"b")]})
     plan = build_plan(rec, piece)
     assert [i.id for i in plan] == [1, 4, 5]
-    assert plan[2].slot.write is False and "stop word" in plan[2].slot.reason
+    assert plan[2].place.write is False and "stop word" in plan[2].place.reason
 
 
 def test_speculative_stream_chunks_without_entries_are_gaps_of_their_own_text():
@@ -61,9 +61,9 @@ def test_speculative_stream_chunks_without_entries_are_gaps_of_their_own_text():
               {"content": "", "stop": True, "tokens_predicted": 3}]
     rec = record({"prompt": "x", "stream": True}, events)
     assert shape(build_plan(rec, piece)) == [
-        ("Known", 1, Slot(0, 0, 0)),
-        ("Gap", b"b", Slot(1, None, 0)),
-        ("Gap", b"cd", Slot(2, None, 0)),
+        ("Known", 1, EntryPlace(0, 0, 0)),
+        ("Gap", b"b", EntryPlace(1, None, 0)),
+        ("Gap", b"cd", EntryPlace(2, None, 0)),
     ]
 
 
@@ -71,8 +71,8 @@ def test_an_entry_without_an_id_is_aligned_from_its_own_bytes_and_owns_that_entr
     rec = record({"prompt": "x"}, {"content": "acd", "completion_probabilities": [
         entry(1, b"a"), entry(None, b"cd")]})
     plan = build_plan(rec, piece)
-    assert shape(plan)[1] == ("Gap", b"cd", Slot(None, 1, 1))
-    assert entry_at(rec, plan[1].slot)["bytes"] == list(b"cd")
+    assert shape(plan)[1] == ("Gap", b"cd", EntryPlace(None, 1, 1))
+    assert entry_at(rec, plan[1].place)["bytes"] == list(b"cd")
 
 
 def test_an_entry_with_neither_id_nor_text_is_refused():
@@ -89,6 +89,6 @@ def test_the_plan_is_immutable_and_leaves_the_record_as_read():
     assert rec.container == before
     assert isinstance(plan, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan[0].slot.entry = 5
+        plan[0].place.entry = 5
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.request = {}

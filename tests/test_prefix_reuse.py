@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from replay.commands.record import RequestItem, record_one
+from replay.commands.recover import recover
 from replay.llamacpp.process import ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
 from replay.schedule.prefix import Prefix, plan_prefix, reuse_points
-from replay.recovery.recover import recover
 from replay.transcripts.format import dumps
 
 SYSTEM = " ".join(f"Rule {i}: answer politely and mention the number {i * 7 % 13}." for i in range(90))
@@ -66,7 +66,7 @@ def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
     """The context may hold the right tokens in cells computed in other ubatches (here one token
     per decode); `rebuild` evaluates the kept prefix afresh and gives exactly a fresh context's
     logits, while keeping those cells would not."""
-    from replay.recovery.evaluate import walk
+    from replay.evaluation.walk import walk
     from replay.runtime.llama import Context, Model
     from replay.schedule.memory import SlotMemory
     from replay.schedule.prompt import CheckpointRules

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import cli_command, recover_in_subprocess
 
 from replay.llamacpp.models import tiny_target

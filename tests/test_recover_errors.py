@@ -6,9 +6,9 @@ import json
 import pytest
 from cli_helpers import one_error, run
 
+from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.models import tiny_target
 from replay.llamacpp.process import ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
 from replay.transcripts.format import dumps
 
 

@@ -15,9 +15,9 @@ import math
 
 import pytest
 
+from replay.commands.record import RequestItem, record_one
+from replay.commands.recover import recover
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
-from replay.recovery.recover import recover
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.format import dumps, stream_objects
 
@@ -138,7 +138,7 @@ def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
             assert len(t["response"]["completion_probabilities"]) == n
             paths[n] = tmp_path / f"t{n}.json"
             paths[n].write_text(dumps(t))
-    probe = ("import resource, sys; from replay.recovery.recover import recover; "
+    probe = ("import resource, sys; from replay.commands.recover import recover; "
              "r = recover(sys.argv[1], sys.argv[2], flags={'n_ctx': 4096}); "
              "assert r.records[0].summary()['counts']['ok'] == int(sys.argv[3]); "
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
@@ -159,6 +159,7 @@ def test_committed_fixture_transcripts_recover_to_the_unspeculated_values(b11434
     started as the fixture's was (its chat template), same request. With probabilistic drafting the
     rejection verifier draws differently from the plain server, so the two agree on a prefix only."""
     import importlib.util
+
     from replay.llamacpp.models import tiny_target
     from replay.paths import FIXTURES
     spec_ = importlib.util.spec_from_file_location("record_transcripts", FIXTURES / "record_transcripts.py")

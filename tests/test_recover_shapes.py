@@ -1,4 +1,4 @@
-"""recover reads every shape users keep, and writes the repaired file in that same shape.
+"""recover reads every file layout users keep, and writes the repaired file in that same layout.
 
 All responses come from the real speculating b11434 server (SmolLM2 drafting
 for itself), captured the way other tools capture them: request/response
@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.commands.recover import recover
 from replay.llamacpp.http import post_json, post_sse
-from replay.recovery.recover import recover
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.readers import read_text
 

@@ -1,4 +1,4 @@
-"""The repair pass (recovery/repair.py): true values written where the server should have put them,
+"""The repair pass (report/repair.py): true values written where the server should have put them,
 in its own field format, in a copy: the record as read is never changed.
 
 Pieces: 1 = "a", 2 = "b", 3 = "c".
@@ -8,19 +8,19 @@ from __future__ import annotations
 import copy
 import json
 
-from replay.recovery.evaluate import Truth
-from replay.recovery.repair import Outcome, f32, repair_record, serialise
-from replay.recovery.report import TokenReport
-from replay.transcripts.plan import Known, Slot
+from replay.comparison.values import TokenReport
+from replay.evaluation.walk import Truth
+from replay.report.repair import Outcome, f32, repair_record, serialise
+from replay.transcripts.plan import EntryPlace, Known
 from replay.transcripts.readers import read_text
 
 PIECES = {1: b"a", 2: b"b", 3: b"c"}
 piece = PIECES.__getitem__
 
 
-def outcome(tid: int, slot: Slot, status: str, logprob: float, owns: bool = True) -> Outcome:
-    t = Truth(index=0, id=tid, item=Known(tid, slot), logprob=logprob, top=[(tid, logprob), (3, -2.5)])
-    return Outcome(t, slot, owns and slot.entry is not None, TokenReport(0, tid, "", None, logprob, status, []))
+def outcome(tid: int, place: EntryPlace, status: str, logprob: float, owns: bool = True) -> Outcome:
+    t = Truth(index=0, id=tid, item=Known(tid, place), logprob=logprob, top=[(tid, logprob), (3, -2.5)])
+    return Outcome(t, place, owns and place.entry is not None, TokenReport(0, tid, "", None, logprob, status, []))
 
 
 def test_placeholders_are_filled_and_missing_tokens_inserted_in_order_in_a_copy():
@@ -31,10 +31,10 @@ def test_placeholders_are_filled_and_missing_tokens_inserted_in_order_in_a_copy(
     rec = read_text(json.dumps(pair), "t.json")[0]
     before = copy.deepcopy(rec.container)
     out = repair_record(rec, [
-        outcome(1, Slot(None, 0, 0), "ok", -0.25),
-        outcome(2, Slot(None, 1, 1), "placeholder", -1.1),
-        outcome(1, Slot(None, None, 2), "missing", -0.7),
-        outcome(3, Slot(None, None, 2), "missing", -0.3),
+        outcome(1, EntryPlace(None, 0, 0), "ok", -0.25),
+        outcome(2, EntryPlace(None, 1, 1), "placeholder", -1.1),
+        outcome(1, EntryPlace(None, None, 2), "missing", -0.7),
+        outcome(3, EntryPlace(None, None, 2), "missing", -0.3),
     ], post=False, piece=piece)
     assert rec.container == before  # the input is untouched
     entries = out["response"]["completion_probabilities"]
@@ -52,7 +52,7 @@ def test_a_stream_chunk_without_probabilities_gets_a_list_where_the_server_would
               {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "object": "chat.completion.chunk"},
               "[DONE]"]
     rec = read_text(json.dumps({"request": {"messages": [], "stream": True}, "response": events}), "t.json")[0]
-    out = repair_record(rec, [outcome(1, Slot(0, None, 0), "missing", -0.5)], post=False, piece=piece)
+    out = repair_record(rec, [outcome(1, EntryPlace(0, None, 0), "missing", -0.5)], post=False, piece=piece)
     assert events[0]["choices"][0]["logprobs"] is None and rec.events[0]["choices"][0]["logprobs"] is None
     assert out["response"][0]["choices"][0]["logprobs"]["content"][0]["id"] == 1
     assert out["response"][2] == "[DONE]"
@@ -63,7 +63,7 @@ def test_entries_the_server_trims_by_design_stay_trimmed():
                                                       "completion_probabilities": [
                                                           {"id": 1, "logprob": -0.1, "top_logprobs": []}]}}
     rec = read_text(json.dumps(pair), "t.json")[0]
-    trimmed = Slot(write=False, reason="the stop word's entries are trimmed by the server")
+    trimmed = EntryPlace(write=False, reason="the stop word's entries are trimmed by the server")
     out = repair_record(rec, [outcome(2, trimmed, "missing", -0.4)], post=False, piece=piece)
     assert out == pair
 
@@ -73,9 +73,9 @@ def test_post_sampling_entries_carry_prob_and_top_probs():
             "response": {"content": "a", "completion_probabilities": [
                 {"id": 1, "token": "a", "bytes": [97], "prob": 1.0, "top_probs": []}]}}
     rec = read_text(json.dumps(pair), "t.json")[0]
-    t = Truth(index=0, id=1, item=Known(1, Slot(None, 0, 0)), logprob=-0.9, top=[], post_prob=0.4,
+    t = Truth(index=0, id=1, item=Known(1, EntryPlace(None, 0, 0)), logprob=-0.9, top=[], post_prob=0.4,
               post_top=[(1, 0.4), (2, 0.35)])
-    o = Outcome(t, Slot(None, 0, 0), True, TokenReport(0, 1, "a", 0.0, -0.9, "placeholder", []))
+    o = Outcome(t, EntryPlace(None, 0, 0), True, TokenReport(0, 1, "a", 0.0, -0.9, "placeholder", []))
     e = repair_record(rec, [o], post=True, piece=piece)["response"]["completion_probabilities"][0]
     assert e["prob"] == f32(0.4) and [x["id"] for x in e["top_probs"]] == [1, 2] and "logprob" not in e
 

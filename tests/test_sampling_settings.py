@@ -12,8 +12,14 @@ import pytest
 from replay.errors import TranscriptError
 from replay.llamacpp.models import tiny_target, with_sampling_defaults
 from replay.runtime.llama import Model
-from replay.settings.sampling import (DEFAULT_SAMPLERS, effective, requested_n_probs, samplers_from_chars,
-                                      samplers_from_names, server_sampling)
+from replay.settings.sampling import (
+    DEFAULT_SAMPLERS,
+    effective,
+    requested_n_probs,
+    samplers_from_chars,
+    samplers_from_names,
+    server_sampling,
+)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +161,7 @@ def test_a_malformed_grammar_trigger_is_refused_by_name(trigger):
 
 
 def test_the_old_one_candidate_rule_rolls_back_dist_only_not_mirostats_mu():
-    """Before b10355 dist drew nothing when one candidate was left (loop/eras.py single_draw), and the
+    """Before b10355 dist drew nothing when one candidate was left (builds/loop_shapes.py single_draw), and the
     emulation rolled the whole chain back after such a pass; mirostat draws and updates mu on one
     candidate too (llama-sampler.cpp llama_sampler_mirostat_v2_apply), so rolling it back left mu
     0.5 bits behind the server's. A first pass that leaves one candidate raises mu from 10 to 10.5;

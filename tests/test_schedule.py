@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from replay.schedule.builds import rules_of_build
-from replay.schedule.prompt import (CheckpointRules, Mark, MessageSpans, next_batch, plan_reuse, prompt_batches,
-                                    with_checkpoint)
+from replay.builds.prompt_rules import rules_of_build
+from replay.schedule.prompt import (
+    CheckpointRules,
+    Mark,
+    MessageSpans,
+    next_batch,
+    plan_reuse,
+    prompt_batches,
+    with_checkpoint,
+)
 from replay.schedule.spans import assistant_start_marker, diff_right, specialized, user_start_marker, user_starts
 
 ON, OFF = CheckpointRules(True), CheckpointRules(False)

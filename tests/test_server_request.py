@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import one_error, run
-from replay.errors import ServerError
 from field_helpers import check_recovered, record, settings_of, spec_args
+
+from replay.errors import ServerError
 from replay.llamacpp.http import post_json
 from replay.llamacpp.process import ServerConfig
 from replay.llamacpp.server_request import Helper, render_request

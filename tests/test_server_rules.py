@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from cli_helpers import run
+
+from replay.commands.record import RequestItem, record_one
+from replay.commands.recover import recover
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.llamacpp.process import ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
-from replay.recovery.recover import recover
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.format import dumps
 

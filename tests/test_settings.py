@@ -51,7 +51,7 @@ def test_flags_resolve_over_props_over_the_transcript_over_the_defaults():
 
 
 def test_the_first_build_with_a_flag_is_a_column_of_the_table():
-    assert BY_ATTR["draft_sampling"].since == 11368  # PR #27694 (loop/eras.py, era H)
+    assert BY_ATTR["draft_sampling"].since == 11368  # PR #27694 (builds/loop_shapes.py, era H)
     assert BY_ATTR["spec_types"].since is None
     assert resolve("speculative").draft_n_max == 3  # the default since b9246 (era C)
 
@@ -118,7 +118,7 @@ def test_server_command_lines_use_the_servers_spellings(tmp_path):
 @pytest.mark.build
 def test_every_flag_is_spelled_as_in_the_servers_arg_parser(b11434):
     """Each row's names appear together in one common_arg({...}) of b11434's common/arg.cpp."""
-    from replay.llamacpp.patch_proof import pinned_tree
+    from replay.proof.patch_proof import pinned_tree
     source = (pinned_tree("b11434") / "common" / "arg.cpp").read_text()
     declared = [tuple(re.findall(r'"(-[^"]+)"', m)) for m in re.findall(r"common_arg\(\s*\{([^}]*)\}", source)]
     for s in SETTINGS:
@@ -135,7 +135,7 @@ def test_every_speculative_type_of_b11434_is_in_the_table_and_the_unreplayable_a
 
 def test_every_kv_cache_type_the_table_accepts_has_a_ggml_type():
     """-ctk iq4_nl was accepted by the table and raised KeyError in Context: one table now."""
-    from replay.runtime.cache_types import GGML_CACHE_TYPES
+    from replay.settings.cache_types import GGML_CACHE_TYPES
     from replay.settings.table import BY_ATTR
     assert BY_ATTR["cache_type_k"].choices == tuple(GGML_CACHE_TYPES) == BY_ATTR["cache_type_v"].choices
     assert GGML_CACHE_TYPES["iq4_nl"] == 20  # GGML_TYPE_IQ4_NL, ggml/include/ggml.h

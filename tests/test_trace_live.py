@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.llamacpp.process import ServerConfig
-from replay.llamacpp.record import RequestItem, record_one
 from replay.transcripts.format import dumps
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]

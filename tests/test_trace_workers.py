@@ -2,7 +2,7 @@
 
 * records that share no server state go to any worker; the JSON (and the verdicts) of 2 workers
   are those of 1, byte for byte, and the exit status too;
-* records that do share state across requests stay together, in order (trace/state.py): every
+* records that do share state across requests stay together, in order (commands/trace_state.py): every
   record of a server running ngram-mod (its table is the server's); a slot's records with its own
   n-gram map; a temperature-0 draft-simple record once an earlier one on its slot may have retuned
   the slot's draft sampler, and a temperature > 0 one that drafted nothing.
@@ -14,13 +14,12 @@ import json
 import subprocess
 
 import pytest
-
 from cli_helpers import cli_command
 
+from replay.commands.trace_state import ServerState, trace_units
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
 from replay.runtime.llama import Model
-from replay.trace.state import ServerState, trace_units
 from replay.transcripts.readers import read_text
 
 N_RECORDS = 24

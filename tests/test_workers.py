@@ -6,7 +6,7 @@
 * a worker that dies is reported with the record it was on, in one line; the run stops, keeps what
   finished, and --resume completes it to the same bytes;
 * values do not depend on the thread count (-t 1 and -t 2 give the same bytes);
-* records the server served from the previous record's cache stay with it (scale/shards.py), and a
+* records the server served from the previous record's cache stay with it (transcripts/chains.py), and a
   unit resumed in the middle is warmed up from its start.
 """
 from __future__ import annotations
@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
 
 from replay.llamacpp.models import tiny_target
-from replay.scale.shards import SHARED_CHARS, Unit, chains, plan_units
+from replay.transcripts.chains import SHARED_CHARS, Unit, chains, plan_units
 from replay.transcripts.readers import Record
 
 N_RECORDS = 48

@@ -17,8 +17,8 @@ import sys
 
 import click
 
-from .. import __version__
-from ..errors import SpecReplayError
+from replay import __version__
+from replay.errors import SpecReplayError
 
 
 def handle_errors(fn):
@@ -46,7 +46,7 @@ def _version_text() -> str:
                      "CPU), or a transcript's build's own once built and callable (see --libllama)")
     except ImportError as e:  # pragma: no cover - a broken install still prints a version
         lines.append(f"in-process libllama: unavailable ({e})")
-    from ..llamacpp.build import BuildSpec, find_built
+    from replay.llamacpp.build import BuildSpec, find_built
     for profile in ("b11434", "0c1e570"):
         bins = find_built(BuildSpec(profile))
         state = f"built, build_info {bins.build_info}, {bins.bin_dir}" if bins else "not built yet (spec-replay build)"
@@ -81,4 +81,4 @@ def main() -> None:
     """
 
 
-from . import audit, lab, llamacpp, record, recover, trace  # noqa: E402,F401  (register the commands)
+from replay.cli import audit, lab, llamacpp, record, recover, trace  # noqa: E402,F401  (register the commands)

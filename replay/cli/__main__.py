@@ -1,3 +1,3 @@
-from . import main
+from replay.cli import main
 
 main()

@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from . import handle_errors, main
-from .options import given_flags, libllama_option, server_flags
+from replay.cli import handle_errors, main
+from replay.cli.options import given_flags, libllama_option, server_flags
+from replay.errors import KernelsError
 
 
 def _token_rows(tokens: list[dict]) -> str:
@@ -44,8 +45,8 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
     spec-replay check http://127.0.0.1:8080 --spec-type ngram-mod
     spec-replay check http://127.0.0.1:8080 --json | jq .verdict
     """
-    from ..llamacpp.audit import PROBE_PROMPT
-    from ..llamacpp.audit import check as run_check
+    from replay.commands.audit import PROBE_PROMPT
+    from replay.commands.audit import check as run_check
     res = run_check(url, n_predict=probe_tokens, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
                     expected=given_flags(flags))
     kernels = _server_kernels(url, model, libllama, prompt or PROBE_PROMPT, n_probs, as_json) if model else None
@@ -76,13 +77,12 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
 def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_probs: int, quiet: bool) -> dict:
     """Which CPU variant computes the server's values: one single-token request recorded as a
     transcript, its first entry probed under every variant this host runs (cli/kernels.py)."""
-    from ..errors import SpecReplayError
-    from ..kernels.choice import KernelsError
-    from ..llamacpp.record import make_item, record_one
-    from ..recovery.recover import RecoverOptions
-    from ..transcripts.readers import read_text
-    from .kernels import choose_kernels
-    from .options import choose_libllama
+    from replay.cli.kernels import choose_kernels
+    from replay.cli.options import choose_libllama
+    from replay.commands.record import make_item, record_one
+    from replay.commands.recover import RecoverOptions
+    from replay.errors import SpecReplayError
+    from replay.transcripts.readers import read_text
     body = {"prompt": prompt, "n_predict": 2, "n_probs": max(1, n_probs), "temperature": 0.0, "seed": 1,
             "cache_prompt": False}
     try:
@@ -123,10 +123,10 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as
     spec-replay demo --model target.gguf --draft draft.gguf --prompt "Once upon a time"
     spec-replay demo --json | jq .verdict
     """
-    from ..llamacpp.audit import check as run_check
-    from ..llamacpp.build import ensure_built
-    from ..llamacpp.models import tiny_draft, tiny_target
-    from ..llamacpp.process import LlamaServer, ServerConfig
+    from replay.commands.audit import check as run_check
+    from replay.llamacpp.build import ensure_built
+    from replay.llamacpp.models import tiny_draft, tiny_target
+    from replay.llamacpp.process import LlamaServer, ServerConfig
     bins = ensure_built(log=lambda line: click.echo(line, err=True))
     model, draft = model or tiny_target(), draft or tiny_draft()
     cfg = ServerConfig(model, draft_model=draft, spec_types=("draft-simple",))

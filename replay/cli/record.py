@@ -7,10 +7,12 @@ from pathlib import Path
 
 import click
 
-from ..errors import SpecReplayError, TranscriptError
-from ..settings import flags_block
-from . import handle_errors, main
-from .options import given_flags, server_flags
+from replay.transcripts.format import ENDPOINTS
+
+from replay.cli import handle_errors, main
+from replay.cli.options import given_flags, server_flags
+from replay.errors import SpecReplayError, TranscriptError
+from replay.settings import flags_block
 
 
 @main.command()
@@ -20,7 +22,7 @@ from .options import given_flags, server_flags
 @click.option("--requests", "requests_file", type=click.Path(dir_okay=False, exists=True),
               help="JSONL file, one request per line (a body, or {\"endpoint\":..., \"request\":...})")
 @click.option("-e", "--endpoint", default="/v1/chat/completions", show_default=True,
-              type=click.Choice(["/v1/chat/completions", "/v1/completions", "/completion"]))
+              type=click.Choice(ENDPOINTS))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="transcript file (.json for one request, .jsonl for --requests)")
 @click.option("--force", is_flag=True, help="overwrite an existing output file")
@@ -41,15 +43,15 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
         --spec-type draft-simple -md draft.gguf
     spec-replay record http://127.0.0.1:8080 --requests reqs.jsonl -e /completion -o runs.jsonl
     """
-    from ..llamacpp.record import (
+    from replay.cli.progress import progress_bar
+    from replay.commands.record import (
         make_item,
         parse_request_lines,
         record_one,
         server_snapshot,
     )
-    from ..transcripts.files import read_text_file, refuse_existing, write_atomic
-    from ..transcripts.format import dumps
-    from .progress import progress_bar
+    from replay.transcripts.files import read_text_file, refuse_existing, write_atomic
+    from replay.transcripts.format import dumps
 
     if bool(request_file) == bool(requests_file):
         raise click.UsageError("give exactly one of --request and --requests")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import click
 
-from ..errors import SpecReplayError
-from ..recovery.compare import DEFAULT_TOLERANCE
-from ..recovery.recover import RecoverOptions
-from ..recovery.report import RecoverResult
-from . import handle_errors, main
-from .kernels import choose_kernels, server_cpu_option
-from .options import choose_libllama, given_flags, libllama_option, server_flags
+from replay.cli import handle_errors, main
+from replay.cli.kernels import choose_kernels, server_cpu_option
+from replay.cli.options import choose_libllama, given_flags, libllama_option, server_flags
+from replay.commands.recover import RecoverOptions
+from replay.comparison.values import DEFAULT_TOLERANCE
+from replay.errors import SpecReplayError
+from replay.report.recovery import RecoverResult
 
 
 def _recover_options(fn):
@@ -33,7 +33,7 @@ def _recover_options(fn):
                      help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
                           "shared with the previous record are kept where that is bit-exact: whole -ub blocks)"),
         click.option("--build", "build", type=click.IntRange(min=1), metavar="N",
-                     help="the server's llama.cpp build bN, when its build_info does not say (loop/eras.py)"),
+                     help="the server's llama.cpp build bN, when its build_info does not say (builds/loop_shapes.py)"),
         click.option("--source", "source", type=click.Path(file_okay=False, exists=True, path_type=Path),
                      help="the server's llama.cpp checkout: its loop shape is read from the code"),
         click.option("--server-backend", metavar="NAME",
@@ -60,10 +60,10 @@ def _recover_options(fn):
 def _load(transcript: str, request_file: str | None, model: str):
     """(records, the file's text, the --request body), after checking the model file (a wrong model is
     reported first)."""
-    from ..errors import TranscriptError
-    from ..runtime.gguf import check_gguf
-    from ..transcripts.files import read_request
-    from ..transcripts.readers import read_source, read_text
+    from replay.errors import TranscriptError
+    from replay.runtime.gguf import check_gguf
+    from replay.transcripts.files import read_request
+    from replay.transcripts.readers import read_source, read_text
     if not Path(transcript).is_file():
         raise TranscriptError("file not found", source=transcript)
     check_gguf(model)
@@ -74,9 +74,9 @@ def _load(transcript: str, request_file: str | None, model: str):
 
 def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: bool, *, skip: int = 0,
          on_record=None):
-    from ..recovery.recover import recover_records
-    from ..runtime.llama import set_verbose
-    from .progress import progress_bar
+    from replay.cli.progress import progress_bar
+    from replay.commands.recover import recover_records
+    from replay.runtime.llama import set_verbose
     set_verbose(verbose)
     with progress_bar(len(records), "recovering records", done=skip) as advance:
         return recover_records(records, model, flags=flags, options=options,
@@ -84,7 +84,7 @@ def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: boo
 
 
 def _show(res: RecoverResult, as_json: bool) -> None:
-    from .render import summary_table, token_table
+    from replay.cli.render import summary_table, token_table
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))
         return
@@ -108,7 +108,7 @@ def _show(res: RecoverResult, as_json: bool) -> None:
 
 
 def _write_report(report_file: str | None, res: RecoverResult, force: bool) -> None:
-    from ..transcripts.files import write_atomic
+    from replay.transcripts.files import write_atomic
     if report_file:
         write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
 
@@ -154,8 +154,8 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --resume
     spec-replay recover response.json --request request.json -m target.gguf --in-place
     """
-    from ..recovery.recover import result_of
-    from ..transcripts.files import refuse_existing, write_atomic
+    from replay.commands.recover import result_of
+    from replay.transcripts.files import refuse_existing, write_atomic
     flags = given_flags(flags)
     if bool(output) == bool(in_place):
         raise click.UsageError("give exactly one of -o/--output and --in-place")
@@ -197,17 +197,17 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
                        options: RecoverOptions, verbose: bool, out: Path, transcript: str, force: bool, resume: bool,
                        as_json: bool, report_file: str | None, *, workers: int = 1,
                        ray_address: str | None = None) -> None:
-    from ..runtime.binding import loaded_path
-    from ..runtime.llama import set_verbose
-    from ..scale.ordered import InOrder, run_units
-    from ..scale.shards import plan_units
-    from ..scale.worker import Done, Job, default_threads
-    from ..transcripts.journal import Journal
-    from .progress import progress_bar
+    from replay.cli.progress import progress_bar
+    from replay.runtime.binding import loaded_path
+    from replay.runtime.llama import set_verbose
+    from replay.scale.ordered import InOrder, run_units
+    from replay.scale.worker import Done, Job, default_threads
+    from replay.transcripts.chains import plan_units
+    from replay.transcripts.journal import Journal
     if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
         raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
     if ray_address is not None:
-        from ..scale.ray_pool import check_cluster
+        from replay.scale.ray_pool import check_cluster
         check_cluster(ray_address)
     fingerprint = {"input": str(Path(transcript).resolve()),
                    "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
@@ -277,7 +277,7 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
     spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
     """
-    from ..transcripts.files import refuse_existing
+    from replay.transcripts.files import refuse_existing
     if report_file:
         refuse_existing(report_file, force)
     records, original, request = _load(transcript, request_file, model)

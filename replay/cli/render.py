@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..recovery.report import RecordReport, RecoverResult
+from replay.report.recovery import RecordReport, RecoverResult
 
 
 def _f(x: float | None, digits: int = 4) -> str:

@@ -9,11 +9,11 @@ from typing import Callable
 import click
 from tabulate import tabulate
 
-from ..trace.run import TraceResult
-from ..transcripts.readers import Record
-from . import handle_errors, main
-from .kernels import choose_kernels, server_cpu_option
-from .options import choose_libllama, given_flags, libllama_option, server_flags
+from replay.cli import handle_errors, main
+from replay.cli.kernels import choose_kernels, server_cpu_option
+from replay.cli.options import choose_libllama, given_flags, libllama_option, server_flags
+from replay.commands.trace import TraceResult
+from replay.transcripts.readers import Record
 
 
 @main.command()
@@ -55,14 +55,14 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     spec-replay trace run.json -m target.gguf -md draft.gguf --json | jq .reproduced
     spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3 --temp 1
     """
-    from ..runtime.gguf import check_gguf
-    from ..runtime.llama import Model, set_verbose
-    from ..trace.run import Drafts, trace_prompt, trace_record
-    from ..trace.state import ServerState
-    from ..transcripts.files import read_request
-    from ..recovery.recover import RecoverOptions
-    from ..transcripts.readers import read_file, read_source
-    from .progress import progress_bar
+    from replay.cli.progress import progress_bar
+    from replay.commands.recover import RecoverOptions
+    from replay.commands.trace import Drafts, trace_prompt, trace_record
+    from replay.commands.trace_state import ServerState
+    from replay.runtime.gguf import check_gguf
+    from replay.runtime.llama import Model, set_verbose
+    from replay.transcripts.files import read_request
+    from replay.transcripts.readers import read_file, read_source
     flags = given_flags(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
@@ -116,14 +116,14 @@ def _trace_on_workers(transcript: str, records: list[Record], request_file: str 
                       flags: dict, build: int | None, source: str | None,
                       workers: int) -> list[tuple[Record, TraceResult]]:
     """trace over `workers` processes (scale/local.py), records that share server state kept together
-    in order (trace/state.py); the results in file order, the same as one process's."""
-    from ..runtime.binding import loaded_path
-    from ..scale.local import run_local
-    from ..scale.worker import Job, TraceOptions, default_threads
-    from ..trace.state import trace_units
-    from ..transcripts.files import read_request
-    from ..transcripts.readers import read_source
-    from .progress import progress_bar
+    in order (commands/trace_state.py); the results in file order, the same as one process's."""
+    from replay.cli.progress import progress_bar
+    from replay.commands.trace_state import trace_units
+    from replay.runtime.binding import loaded_path
+    from replay.scale.local import run_local
+    from replay.scale.worker import Job, TraceOptions, default_threads
+    from replay.transcripts.files import read_request
+    from replay.transcripts.readers import read_source
     units = trace_units(records, flags, target.meta)
     if len(units) < workers:
         click.echo(f"note: {len(records)} records form {len(units)} unit(s) of work (records that share the "

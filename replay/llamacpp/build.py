@@ -29,8 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BuildError
-from ..paths import REPO_ROOT, cache_root
+from replay.errors import BuildError
+from replay.paths import REPO_ROOT, cache_root
 
 DEFAULT_PROFILE = "b11434"
 TARGETS = ("llama-server", "llama-speculative", "llama-quantize")
@@ -109,7 +109,7 @@ class Binaries:
     @property
     def cpu_variants(self) -> list[str]:
         """The CPU variants of a release-style build (empty: one ggml-cpu linked in)."""
-        from ..kernels.variants import variants_in
+        from replay.runtime.variants import variants_in
         return variants_in(self.bin_dir)
 
     def with_cpu(self, variant: str) -> "Binaries":
@@ -118,7 +118,7 @@ class Binaries:
         among those in the executable's directory: ggml-backend-reg.cpp:480-572), as a release binary
         does on a machine whose best variant that is. The programs are hard links (the directory
         scanned is the one the program was started from), the libraries symbolic links."""
-        from ..kernels.variants import PREFIX, library_of
+        from replay.runtime.variants import PREFIX, library_of
         if variant not in self.cpu_variants:
             raise BuildError(f"{self.key} has no {variant} CPU variant (it has {', '.join(self.cpu_variants) or 'none'}: "
                              "build with --cpu variants)")

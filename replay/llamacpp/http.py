@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Iterator
 
-from ..errors import ServerError
+from replay.errors import ServerError
 
 DEFAULT_TIMEOUT = 3600.0  # a long generation on a busy CPU server takes minutes; 600 s timed out under load
 

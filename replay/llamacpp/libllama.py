@@ -14,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from ..loop.eras import BUILD_0C1E570, build_of
-from ..runtime.binding import BindingError, LibChoice, check_library, header_near, library_file
-from .build import Binaries, BuildSpec, find_built
+from replay.builds.loop_shapes import BUILD_0C1E570, build_of
+from replay.errors import BindingError
+from replay.llamacpp.build import Binaries, BuildSpec, find_built
+from replay.runtime.binding import LibChoice, check_library, header_near, library_file
 
 BUNDLED = "llama-cpp-python's own libllama (llama.cpp 0c1e570 = b11311)"
 

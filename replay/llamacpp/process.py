@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ServerError
-from ..settings import BY_ATTR, SETTINGS, flags_block
-from .http import get_json
+from replay.errors import ServerError
+from replay.llamacpp.http import get_json
+from replay.settings import BY_ATTR, SETTINGS, flags_block
 
 _live: set[subprocess.Popen] = set()
 
@@ -119,7 +119,7 @@ class LlamaServer:
     def __init__(self, config: ServerConfig, *, binary: Path | None = None, startup_timeout: float = 120.0,
                  log_path: Path | None = None):
         if binary is None:
-            from .build import ensure_built
+            from replay.llamacpp.build import ensure_built
             binary = ensure_built().server
         self.config = config
         self.binary = Path(binary)

@@ -10,7 +10,7 @@ runs those functions, linked from that tree, on the recorded request and the ser
 and prints the `llama_params` and the `generation_settings` the server would have produced.
 
 Thin I/O: it finds the helper of the transcript's build and runs it; what its output means is judged
-by the callers (transcripts/request.py for the grammar, recovery/prompt.py for the prompt).
+by the callers (transcripts/request.py for the grammar, tokens/prompt_ids.py for the prompt).
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import TranscriptError
-from ..settings.table import CHAT_TEMPLATE_FLAGS
-from .build import DEFAULT_PROFILE, REQUEST_HELPER, BuildSpec, find_built
+from replay.errors import TranscriptError
+from replay.llamacpp.build import DEFAULT_PROFILE, REQUEST_HELPER, BuildSpec, find_built
+from replay.settings.table import CHAT_TEMPLATE_FLAGS
 
 # the recorded flags that change what the server makes of a request's prompt, grammar and stops
 # (common/arg.cpp); the sampling values are not taken from the helper (it cannot read the model

@@ -8,7 +8,7 @@ discarded after each draft (server-context.cpp:3262-3307). The loop owns that co
 Greedy: chain [suppress] -> top_k(10) -> dist; the draft is cur_p[0] (argmax).
 Probabilistic (b11434, temp > 0): chain [suppress] -> top_k(10) -> temp_ext(temp) ->
 dist(S ^ 0x85ebca6b), fresh at each request (begin() resets it); the draft is the sampled token,
-q its cur_p (SERVER_LOOP.md 3.5).
+q its cur_p (common/speculative.cpp:350-472).
 
 The draft sampler belongs to the server's slot, not to the request (common/speculative.cpp:35-70,
 273-302): it is retuned only when a probabilistic request's (temp, seed) differ from the last
@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..runtime.binding import L
 import numpy as np
 
-from ..numerics.rng import DRAFT_SEED_XOR
-from ..runtime.llama import Context, Model
-from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
-from .eras import Era
+from replay.builds.loop_shapes import Era
+from replay.numerics.rng import DRAFT_SEED_XOR
+from replay.runtime.binding import L
+from replay.runtime.llama import Context, Model
+from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
 
 DRAFT_TOP_K = 10  # common/speculative.cpp:273-281
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp:30

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
-from ..numerics.stdmap import StdIntMap
-from .replayable import PRIORITY
+from replay.loop.replayable import PRIORITY
+from replay.numerics.stdmap import StdIntMap
 
 
 class Drafter(Protocol):
@@ -193,7 +193,7 @@ class NgramMap:
         self.last_draft_created = False
         self.last_draft_key_idx = 0
         self.last_draft_value_idx = 0
-        self.old_cleanup = False  # eras C-D (loop/eras.py map_cleanup "old"): set by make_drafters
+        self.old_cleanup = False  # eras C-D (builds/loop_shapes.py map_cleanup "old"): set by make_drafters
 
     def begin(self, tokens: Sequence[int]) -> None:
         """common_ngram_map_begin: forget keys and values from where the new prompt may differ. From b9897
@@ -391,7 +391,7 @@ class NgramCache:
 @dataclass(frozen=True)
 class DrafterKind:
     """How a --spec-type's drafter is made from the server's flags, and whether its state outlives a
-    request (per slot, or server-wide for ngram-mod: SERVER_LOOP.md section 0 item 6, section 4)."""
+    request (per slot, or server-wide for ngram-mod: docs/server-loop.md, fact 5)."""
 
     make: Callable[[Any, Any], Drafter]  # (SpecConfig, DraftModel | None) -> Drafter
     persists: bool
@@ -418,7 +418,7 @@ assert set(DRAFTERS) == set(PRIORITY)
 def make_drafters(spec, *, draft_model=None, server_state: dict | None = None, map_cleanup: str = "new") -> list[Drafter]:
     """The drafters of `spec.spec_types` in the server's priority order. Drafters whose state outlives
     a request are kept in `server_state` (pass the same dict for consecutive requests to one server).
-    `map_cleanup` is the era's n-gram map cleanup rule (loop/eras.py)."""
+    `map_cleanup` is the era's n-gram map cleanup rule (builds/loop_shapes.py)."""
     state = server_state if server_state is not None else {}
     out = []
     for t in PRIORITY:

@@ -1,7 +1,7 @@
 """llama-server's speculative loop for one request, step by step, reproduced in-process.
 
 One request on a fresh single-slot server (`-np 1`), as tools/server/server-context.cpp runs it
-(SERVER_LOOP.md sections 3.2-3.8). The phases, in the order `SpeculativeLoop` runs them:
+(docs/server-loop.md). The phases, in the order `SpeculativeLoop` runs them:
 
     prefill    target and draft decode the prompt in n_batch batches (logits at the last
                token); the first token is sampled normally (real probabilities)     :3781-3874
@@ -28,20 +28,20 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import TranscriptError
-from ..numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
-from ..numerics.server_probs import pre_sampling
-from ..runtime.llama import Context, Model
-from ..runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
-from ..schedule.memory import SlotMemory, checkpoint_rules
-from ..schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
-from ..schedule.prompt import NO_SPANS, MessageSpans
-from ..settings.sampling import Effective
-from .draft_model import DraftContext, DraftSimple, compatibility
-from .drafters import Drafter, make_drafters
-from .eras import Era
-from .replayable import check_replayable
-from .verify import match_continues, rejection_step
+from replay.builds.loop_shapes import Era
+from replay.errors import TranscriptError
+from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
+from replay.loop.drafters import Drafter, make_drafters
+from replay.loop.replayable import check_replayable
+from replay.loop.verify import match_continues, rejection_step
+from replay.numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
+from replay.numerics.server_probs import pre_sampling
+from replay.runtime.llama import Context, Model
+from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
+from replay.schedule.memory import SlotMemory, checkpoint_rules
+from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
+from replay.schedule.prompt import NO_SPANS, MessageSpans
+from replay.settings.sampling import Effective
 
 Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
 CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
@@ -60,13 +60,13 @@ class Emitted:
     top: list[tuple[int, float]]
     post_prob: float
     post_top: list[tuple[int, float]]
-    # how it was chosen, for explaining a divergence (trace/divergence.py): the chain pass that scored
+    # how it was chosen, for explaining a divergence (comparison/divergence.py): the chain pass that scored
     # its row (1-based), that pass's candidates (ids and p, in order), and the verifier's rule
     draw: int = 0
     cands: np.ndarray | None = field(default=None, repr=False)
     how: str = "sampled"  # "sampled" | "accepted" (a draft token kept by rejection) | "residual"
     # the row's BEST_KEPT largest raw logits (and its own): a near tie at temperature 0, or a token the
-    # trace's chain cut that the server's kept within the numeric difference (trace/divergence.py)
+    # trace's chain cut that the server's kept within the numeric difference (comparison/divergence.py)
     best_logits: dict[int, float] = field(default_factory=dict, repr=False)
 
 
@@ -128,6 +128,44 @@ class Limits:
         return n_prompt + n_before + n_step - 1 + 1 >= self.n_ctx
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """The contexts' states a step saves before drafting on a target whose memory cannot drop a
+    suffix (recurrent and hybrid models: :3281-3299), to go back to after a partial acceptance; None
+    for a context that can drop one."""
+
+    target: bytes | None
+    draft: bytes | None
+
+
+@dataclass
+class SamplerState:
+    """The target chain and the rejection RNG as they were before a checkpointed step verified, so a
+    restored step draws the same numbers again (common_sampler_clone, :4282-4311)."""
+
+    chain: tuple  # SamplerChain.snapshot()
+    rng: MT19937
+
+
+@dataclass(frozen=True)
+class PendingReplay:
+    """A restored step's kept tokens (its accepted drafts and the verifier's last token), verified
+    again by the next step instead of a draft (:3215-3220, :4282-4311)."""
+
+    ids: list[int]
+    drafter: Drafter | None
+
+
+def drafts_counted(n_accepted: int, replay: bool) -> int:
+    """How many of a step's accepted tokens the server counts as accepted drafts (draft_n_accepted):
+    a replayed step's last kept token was the verifier's, not a drafter's (:4322-4325).
+
+    >>> drafts_counted(3, replay=False), drafts_counted(3, replay=True), drafts_counted(0, replay=True)
+    (3, 2, 0)
+    """
+    return n_accepted - 1 if replay and n_accepted > 0 else n_accepted
+
+
 MEMORY = "slot memory"  # the server-state key of a slot's HeldMemory
 
 
@@ -180,10 +218,10 @@ class SpeculativeLoop:
     """Iterate the server's steps for one request; `emitted` grows as steps run.
 
     `server_state` carries what outlives a request on one server: drafter state (ngram-mod's
-    table, the n-gram maps: SERVER_LOOP.md section 0 item 6) and the slot's memory (its contexts,
+    table, the n-gram maps: docs/server-loop.md, fact 5) and the slot's memory (its contexts,
     their KV and the slot's checkpoints: `HeldMemory`), which a request that reuses the prompt
     cache continues from (`cached`: the response's timings.cache_n). Pass the same dict for
-    consecutive requests to one slot; trace/state.py closes the memory.
+    consecutive requests to one slot; commands/trace_state.py closes the memory.
     """
 
     def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era, n_ctx: int,
@@ -211,8 +249,8 @@ class SpeculativeLoop:
                         type_v=spec.draft_cache_type_v)
         ctx_kw.update(type_k=type_k, type_v=type_v)
         self.spans, self.cached = spans, cached
-        self.ckpt: tuple[bytes | None, bytes | None] = (None, None)  # (target, draft) partial states
-        self.pending: tuple[list[int], Drafter | None] | None = None  # a restored step's kept tokens
+        self.checkpoint = Checkpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
+        self.pending: PendingReplay | None = None
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
         self.rejection_mode = era.rejection and params.temp > 0
         self.chain = SamplerChain(target, params, settings.grammar, suppress_tokens=era.suppress_tokens,
@@ -280,7 +318,7 @@ class SpeculativeLoop:
 
     def prefill(self) -> Step:
         """The prompt on both contexts in the server's batches (cut for checkpoints on a target that
-        takes them: schedule/prompt.py), then the first token sampled normally (SERVER_LOOP.md 3.2-3.3)."""
+        takes them: schedule/prompt.py), then the first token sampled normally (:3322-3912, :4114-4232)."""
         n_prompt = len(self.prompt)
         if n_prompt >= self.limits.n_ctx:  # the server answers 400 exceed_context_size_error (:3417-3425)
             raise TranscriptError(f"the prompt has {n_prompt} tokens but the context holds {self.limits.n_ctx}")
@@ -326,59 +364,66 @@ class SpeculativeLoop:
         a suffix (recurrent and hybrid models), a partly accepted draft instead restores the checkpoint
         taken before the step and is replayed whole by the next step (server-context.cpp:4272-4330)."""
         pos0, sampled = len(self.kv), self.sampled
-        replay = self.pending is not None
-        if replay:  # the kept tokens of a restored step: no drafting (:3215-3220)
-            (draft, drafter), q, self.pending = self.pending, None, None
+        pending, self.pending = self.pending, None
+        if pending is not None:  # the kept tokens of a restored step: no drafting (:3215-3220)
+            draft, drafter, q = pending.ids, pending.drafter, None
         else:
-            dft_state = self.draft.ctx.save_partial() if self.draft is not None and self.ckpt_dft else None
-            draft, drafter, q = self.draft_tokens(pos0, dft_state)
-            self.n_draft += len(draft)
-            self.ckpt = (self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)  # :3281-3299
-        saved = (self.chain.snapshot(), copy.deepcopy(self.rng)) if self.ckpt_tgt and draft else None
+            draft, drafter, q = self.draft_step(pos0)
+        before = SamplerState(self.chain.snapshot(), copy.deepcopy(self.rng)) if self.ckpt_tgt and draft else None
         self.decode([sampled] + draft, pos0)
-        if replay and self.rejection_mode:
-            rule, v = "checkpoint replay", self.verify_replay(draft)  # server_accept_replay (:57-80)
-        else:
-            rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
-            v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
-            if replay:  # greedy drafts: the kept tokens are sampled and matched again (:4267-4268)
-                rule = f"checkpoint replay ({rule})"
-        if saved is not None and len(v.ids) < len(draft) + 1:
-            # partial acceptance on a checkpointed target: restore, keep what was accepted (with the
-            # verifier's last token) as the next step's draft, and emit nothing now (:4282-4311)
-            self.ctx.load_partial(self.ckpt[0])
-            self.ctx.seq_rm(0, pos0, -1)
-            if self.draft is not None:
-                if self.ckpt[1] is not None:
-                    self.draft.ctx.load_partial(self.ckpt[1])
-                self.draft.ctx.seq_rm(0, pos0, -1)
-            self.chain.restore(saved[0])
-            self.rng = saved[1]
-            self.pending = (list(v.ids), drafter)
-            return Step(index=index, pos0=pos0, sampled=sampled, rule=rule + ", checkpoint restored",
-                        drafter=drafter.name if drafter else None, draft=list(draft), draft_q=_q_of(draft, q),
-                        target_p=v.target_p, uniforms=v.uniforms, accepted=len(v.ids) - 1, resampled=v.resampled,
-                        bonus=v.bonus, emitted=[])
-        if saved is not None:
-            self.chain.close_snapshot(saved[0])
-        n_accepted = len(v.ids) - 1
-        # a replayed step's last kept token was the verifier's, not a draft's (:4322-4325)
-        self.n_accepted += n_accepted - 1 if replay and n_accepted > 0 else n_accepted
+        rule, v = self.verify(draft, q, replay=pending is not None)
+        step = Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
+                    draft=list(draft), draft_q=_q_of(draft, q), target_p=v.target_p, uniforms=v.uniforms,
+                    accepted=len(v.ids) - 1, resampled=v.resampled, bonus=v.bonus)
+        if before is not None and len(v.ids) < len(draft) + 1:
+            self.restore(pos0, before)
+            self.pending = PendingReplay(list(v.ids), drafter)
+            return replace(step, rule=rule + ", checkpoint restored")
+        if before is not None:
+            self.chain.close_snapshot(before.chain)
+        self.n_accepted += drafts_counted(step.accepted, replay=pending is not None)
         if drafter is not None:
-            drafter.accept(n_accepted)
-        self.trim(pos0 + 1 + n_accepted)
+            drafter.accept(step.accepted)
+        self.trim(pos0 + 1 + step.accepted)
         self.kv += [sampled] + v.ids[:-1]
         self.sampled = v.ids[-1]
-        emitted = []
         n_before = len(self.emitted)
         for tok, (logits, cands), how in zip(v.ids, v.rows, v.how):
-            emitted.append(tok)
+            step.emitted.append(tok)
             if not self.emit(tok, index, logits, cands, n_before=n_before, n_step=len(v.ids), how=how):
                 self.alive = False
                 break  # the rest of this step's tokens are dropped
-        return Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
-                    draft=list(draft), draft_q=_q_of(draft, q), target_p=v.target_p, uniforms=v.uniforms,
-                    accepted=n_accepted, resampled=v.resampled, bonus=v.bonus, emitted=emitted)
+        return step
+
+    def draft_step(self, pos0: int) -> tuple[list[int], Drafter | None, list | None]:
+        """Drafting, on a checkpointed target after saving both contexts' states (:3262-3307)."""
+        dft_state = self.draft.ctx.save_partial() if self.draft is not None and self.ckpt_dft else None
+        draft, drafter, q = self.draft_tokens(pos0, dft_state)
+        self.n_draft += len(draft)
+        self.checkpoint = Checkpoint(self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)
+        return draft, drafter, q
+
+    def verify(self, draft: list[int], q: list | None, *, replay: bool) -> tuple[str, Verified]:
+        """The rule a step verifies by, and what it kept: rejection when the drafter kept q, else
+        sample-and-match; a replayed step at temp > 0 from b11368 accepts its tokens again
+        (server_accept_replay, :57-80), at temp 0 they are sampled and matched again (:4267-4268)."""
+        if replay and self.rejection_mode:
+            return "checkpoint replay", self.verify_replay(draft)
+        rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
+        v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
+        return (f"checkpoint replay ({rule})" if replay else rule), v
+
+    def restore(self, pos0: int, before: SamplerState) -> None:
+        """Undo a partly accepted step on a checkpointed target: both contexts back to the checkpoint,
+        the chain and the rejection RNG to `before` (:4282-4311); nothing is emitted."""
+        self.ctx.load_partial(self.checkpoint.target)
+        self.ctx.seq_rm(0, pos0, -1)
+        if self.draft is not None:
+            if self.checkpoint.draft is not None:
+                self.draft.ctx.load_partial(self.checkpoint.draft)
+            self.draft.ctx.seq_rm(0, pos0, -1)
+        self.chain.restore(before.chain)
+        self.rng = before.rng
 
     def draft_tokens(self, pos0: int, dft_state: bytes | None = None) -> tuple[list[int], Drafter | None, list | None]:
         """(draft, the drafter that made it, its q per position or None): the first drafter with a
@@ -399,7 +444,7 @@ class SpeculativeLoop:
                     q = d.last_q[:n_max]
                 elif self.era.q_trim_bug and self.params.temp > 0 and len(got) > n_max:
                     # b11368..b11382: the server resizes the empty q of an n-gram draft it cuts to n_max
-                    # rows of nothing, and verifies it by rejection (loop/eras.py q_trim_bug)
+                    # rows of nothing, and verifies it by rejection (builds/loop_shapes.py q_trim_bug)
                     q = [EMPTY_Q] * n_max
                 break
         if self.draft is not None:

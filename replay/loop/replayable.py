@@ -1,9 +1,9 @@
-"""What a loop shape (loop/eras.py) can replay: the speculative types, in priority order, and the
+"""What a loop shape (builds/loop_shapes.py) can replay: the speculative types, in priority order, and the
 configurations a shape's server could not have run."""
 from __future__ import annotations
 
-from ..errors import TranscriptError
-from .eras import Era
+from replay.builds.loop_shapes import Era
+from replay.errors import TranscriptError
 
 # Replayable speculative types, in common_speculative_init's priority order (common/speculative.cpp:2697-2707):
 # the first one that returns a draft for a step wins.
@@ -23,7 +23,7 @@ def drafts_with_model(spec, era: Era) -> bool:
     enabled - enabling it" (common/speculative.cpp of those builds).
 
     >>> from types import SimpleNamespace as S
-    >>> from replay.loop.eras import BY_KEY
+    >>> from replay.builds.loop_shapes import BY_KEY
     >>> drafts_with_model(S(spec_types=("none",), draft_model="d.gguf"), BY_KEY["C"])
     True
     >>> drafts_with_model(S(spec_types=("none",), draft_model="d.gguf"), BY_KEY["D"])

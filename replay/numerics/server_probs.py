@@ -26,7 +26,7 @@ from decimal import Decimal, getcontext
 import numpy as np
 
 try:
-    from . import _native  # replay/numerics/_native.c, built by `pip install`
+    from replay.numerics import _native  # replay/numerics/_native.c, built by `pip install`
 except ImportError:  # pragma: no cover - a tree whose extension was not built
     _native = None
 

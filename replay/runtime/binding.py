@@ -27,7 +27,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecReplayError
+from replay.errors import BindingError
 
 ENV = "SPEC_REPLAY_LIBLLAMA"
 VARIANT_ENV = "SPEC_REPLAY_CPU_VARIANT"  # which libggml-cpu-<variant>.so of a release-style build to load
@@ -57,10 +57,6 @@ FUNCTIONS = (
     "llama_sampler_init_grammar", "llama_sampler_init_grammar_lazy_patterns", "llama_sampler_init_infill",
     "llama_sampler_init_dist", "llama_sampler_init_adaptive_p",
 )
-
-
-class BindingError(SpecReplayError):
-    """A libllama cannot be loaded under llama-cpp-python's binding."""
 
 
 @dataclass(frozen=True)
@@ -226,7 +222,7 @@ _loaded_variant: str | None = None  # the CPU variant in use (None: a build with
 
 
 def use_cpu_variant(name: str | None) -> None:
-    """Load this CPU variant of a release-style libllama (kernels/variants.py) when the binding loads,
+    """Load this CPU variant of a release-style libllama (runtime/variants.py) when the binding loads,
     here and in worker processes; None: the best one this host runs, as llama-server would."""
     if _loaded is not None and name is not None and name != _loaded_variant:
         raise BindingError(f"the {_loaded_variant or 'linked-in'} CPU kernels are already loaded in this process; "
@@ -315,10 +311,10 @@ def load() -> types.ModuleType:
 
 def _load_cpu_backend(bin_dir: Path, name: str | None) -> str | None:
     """A release-style build (GGML_BACKEND_DL) links no CPU backend in: load the variant `name`, or the
-    best this host runs (kernels/variants.py: runnable), with ggml_backend_load before anything else
+    best this host runs (runtime/variants.py: runnable), with ggml_backend_load before anything else
     asks for a backend (llama_backend_init would scan the Python executable's directory instead:
     src/llama.cpp:122-135, ggml-backend-reg.cpp:480-502). None for a build without variants."""
-    from ..kernels.variants import host_cpu_flags, library_of, runnable, variants_in
+    from replay.runtime.variants import host_cpu_flags, library_of, runnable, variants_in
     present = variants_in(bin_dir)
     if not present:
         if name:

@@ -13,7 +13,7 @@ import mmap
 import struct
 from pathlib import Path
 
-from ..errors import ModelError
+from replay.errors import ModelError
 
 MAGIC = b"GGUF"
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # type -> bytes

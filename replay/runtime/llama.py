@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .binding import L
 import numpy as np
 
-from ..errors import ModelError, SpecReplayError
-from .cache_types import GGML_CACHE_TYPES
-from .gguf import check_gguf
+from replay.errors import DecodeError, ModelError
+from replay.runtime.binding import L
+from replay.runtime.gguf import check_gguf
+from replay.settings.cache_types import GGML_CACHE_TYPES
 
 # --- logging: libllama is quiet unless SPEC_REPLAY_VERBOSE is set -------------
 
@@ -57,15 +57,7 @@ def _backend() -> None:
         _backend_ready = True
 
 
-class DecodeError(SpecReplayError):
-    """llama_decode failed; `code` is its return value."""
 
-    MEANING = {1: "no KV cache slot for the batch (context too small)", 2: "aborted",
-               -1: "invalid batch"}
-
-    def __init__(self, code: int):
-        super().__init__(f"llama_decode returned {code}: {self.MEANING.get(code, 'fatal error')}")
-        self.code = code
 
 
 class _Owner:
@@ -327,10 +319,6 @@ class Context(_Owner):
         if not ptr:
             raise RuntimeError(f"no logits for batch row {i}")
         return np.frombuffer(self._row_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
-
-    def logits_ptr(self, i: int):
-        """The raw float* of row `i` (valid until the next decode)."""
-        return L.llama_get_logits_ith(self.ptr, i)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:
         L.llama_memory_seq_rm(L.llama_get_memory(self.ptr), seq_id, p0, p1)

@@ -25,12 +25,12 @@ import ctypes
 import math
 from typing import Sequence
 
-from .binding import L
 import numpy as np
 
-from ..errors import TranscriptError
-from ..numerics.stdsort import std_sort_order
-from ..settings.sampling import LLAMA_DEFAULT_SEED, Grammar, SamplingParams
+from replay.errors import TranscriptError
+from replay.numerics.stdsort import std_sort_order
+from replay.runtime.binding import L
+from replay.settings.sampling import LLAMA_DEFAULT_SEED, Grammar, SamplingParams
 
 __all__ = ["LLAMA_DEFAULT_SEED", "GrammarSampler", "SamplerChain", "SamplingParams", "TOKEN_DATA", "post_sampling"]
 
@@ -145,12 +145,12 @@ class SamplerChain:
         """`suppress_tokens`: the model's tokenizer.ggml.suppress_tokens join the logit bias (b10182 and
         later, common/sampling.cpp:318). `single_draw`: the dist sampler draws from its RNG even when one
         candidate is left (b10355 and later, src/llama-sampler.cpp llama_sampler_dist_apply: "keep the RNG
-        state aligned with backend sampling"); before, it drew nothing then (loop/eras.py)."""
+        state aligned with backend sampling"); before, it drew nothing then (builds/loop_shapes.py)."""
         self.params = params
         self.single_draw = single_draw
         self.model = model
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
-        self.n_applies = 0  # chain passes so far: each draws once from dist's stream (trace/divergence.py)
+        self.n_applies = 0  # chain passes so far: each draws once from dist's stream (comparison/divergence.py)
         # the old one-candidate rule is dist's alone: mirostat and adaptive-p draw and update their state
         # on one candidate too (llama-sampler.cpp: llama_sampler_mirostat_v2_apply), so only a chain that
         # ends with dist is rolled back after such a pass
@@ -267,7 +267,7 @@ class SamplerChain:
             if n == 1:
                 L.llama_sampler_free(self._chain)
                 self._chain, before = before, None
-                self.n_applies -= 1  # no draw was taken from dist's stream (trace/divergence.py counts draws)
+                self.n_applies -= 1  # no draw was taken from dist's stream (comparison/divergence.py counts draws)
             else:
                 L.llama_sampler_free(before)
         addr = ctypes.cast(arr.data, ctypes.c_void_p).value

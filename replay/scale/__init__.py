@@ -1,7 +1,7 @@
 """Recovering many records at once: on local worker processes or on a Ray cluster.
 
 Exact recovery is one token per decode per record (batching tokens or records changes the values:
-NUMERICS.md), so the way to scale is many independent evaluators, each with its own model and
+docs/numerics.md), so the way to scale is many independent evaluators, each with its own model and
 context. A record can depend on the one before it (the server kept KV cells from the previous
 request: timings.cache_n), so the file is cut into chains that keep such records together, and a
 chain resumed in the middle is warmed up from its start; the output is then the same bytes as one

@@ -17,9 +17,9 @@ import signal
 import traceback
 from typing import Callable, Sequence
 
-from ..errors import SpecReplayError, WorkerDied
-from .shards import Unit
-from .worker import Evaluator, Job
+from replay.errors import SpecReplayError, WorkerDied
+from replay.scale.worker import Evaluator, Job
+from replay.transcripts.chains import Unit
 
 POLL_S = 0.5
 

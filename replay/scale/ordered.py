@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..transcripts.journal import Journal
-from .shards import Unit
-from .worker import Done, Evaluator, Job
+from replay.scale.worker import Done, Evaluator, Job
+from replay.transcripts.chains import Unit
+from replay.transcripts.journal import Journal
 
 
 class InOrder:
@@ -68,10 +68,10 @@ def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address:
 
     try:
         if ray_address is not None:
-            from .ray_pool import run_ray
+            from replay.scale.ray_pool import run_ray
             run_ray(job, units, workers, ray_address, on_event)
         elif workers > 1 and len(units) > 1:
-            from .local import run_local
+            from replay.scale.local import run_local
             run_local(job, units, workers, on_event)
         else:
             run_in_process(job, units, on_event)

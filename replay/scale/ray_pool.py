@@ -21,10 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import SpecReplayError, WorkerDied
-from ..llamacpp.models import sha256_file
-from .shards import Unit
-from .worker import Done, Evaluator, Job
+from replay.errors import SpecReplayError, WorkerDied
+from replay.paths import sha256_file
+from replay.scale.worker import Done, Evaluator, Job
+from replay.transcripts.chains import Unit
 
 RETRIES = 3
 

@@ -6,7 +6,7 @@ transcript text itself (what travels is the text, once, not Python objects), cho
 libllama before loading anything, and recovers each unit's records in order in one context, so that
 a record served from the server's cache follows the record that filled it (shards.py). For
 `trace --workers` (Job.trace set) it traces them instead, each unit from an empty server slot
-(trace/state.py says which records share one).
+(commands/trace_state.py says which records share one).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..recovery.recover import Recoverer, RecoverOptions
-from ..recovery.repair import jsonl_line
-from ..recovery.report import RecordReport
-from .shards import Unit
+from replay.commands.recover import Recoverer, RecoverOptions
+from replay.report.recovery import RecordReport
+from replay.report.repair import jsonl_line
+from replay.transcripts.chains import Unit
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Done:
 
 @dataclass(frozen=True)
 class Traced:
-    """One traced record: its 0-based position and its TraceResult (lightened: trace/run.py)."""
+    """One traced record: its 0-based position and its TraceResult (lightened: commands/trace.py)."""
 
     index: int
     result: Any
@@ -68,8 +68,8 @@ class Traced:
 
 class Evaluator:
     def __init__(self, job: Job):
-        from ..runtime.binding import LibChoice, use_cpu_variant, use_libllama
-        from ..transcripts.readers import read_text
+        from replay.runtime.binding import LibChoice, use_cpu_variant, use_libllama
+        from replay.transcripts.readers import read_text
         use_libllama(LibChoice(None if job.libllama is None else Path(job.libllama), "the driver's choice"))
         cpu = job.options.cpu  # the driver's kernels (cli/kernels.py), also on a Ray node that runs them
         if cpu is not None and cpu.variant is not None:
@@ -85,8 +85,8 @@ class Evaluator:
         if job.trace is None:
             self.recoverer = Recoverer(job.model, flags, job.options)
         else:
-            from ..runtime.llama import Model
-            from ..trace.run import Drafts
+            from replay.commands.trace import Drafts
+            from replay.runtime.llama import Model
             self.target, self.drafts = Model(job.model), Drafts()
 
     def forget(self) -> None:
@@ -108,8 +108,8 @@ class Evaluator:
                 emit("done", Done(k, line, got.report))
 
     def _trace(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
-        from ..trace.run import trace_record
-        from ..trace.state import ServerState
+        from replay.commands.trace import trace_record
+        from replay.commands.trace_state import ServerState
         opts = self.job.trace
         with ServerState(self.flags.get("n_parallel")) as state:  # a unit shares nothing with any other
             for k in unit.records:

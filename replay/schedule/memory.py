@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..errors import ModelError, TranscriptError
-from ..runtime.llama import Context, Model
-from .builds import rules_of_build
-from .prefix import Prefix
-from .prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
+from replay.builds.prompt_rules import rules_of_build
+from replay.errors import ModelError, TranscriptError
+from replay.runtime.llama import Context, Model
+from replay.schedule.prefix import Prefix
+from replay.schedule.prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Two reasons to keep a prompt prefix between the records of one file, and one rule that makes
 either exact: a KV cell's values depend on the ubatch it was computed in (its row count picks
-the CPU matmul kernel, shared/reference/NUMERICS.md), so a kept cell is only right if it was
+the CPU matmul kernel, docs/numerics.md), so a kept cell is only right if it was
 computed in the same ubatch the server used for that position.
 
 * The server reused its own cache (`cache_prompt`, on by default): the response says how many
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .prompt import plan_reuse
+from replay.schedule.prompt import plan_reuse
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence, TypeVar
 
-from .builds import NEWEST, BuildRules
+from replay.builds.prompt_rules import NEWEST, BuildRules
 
 
 @dataclass(frozen=True)

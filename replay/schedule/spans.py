@@ -20,14 +20,14 @@ finds them by the template's user-start marker:
    user start).
 
 The markers only need the template's rendering; `render(messages)` is given by the caller
-(recovery/prompt.py renders with the transcript's template).
+(tokens/prompt_ids.py renders with the transcript's template).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .prompt import MessageSpans
+from replay.schedule.prompt import MessageSpans
 
 # the autoparser's probe texts (common/chat-diff-analyzer.cpp:28-30)
 USER_MSG = "U_USER_MSG Hello END_U"

@@ -1,8 +1,17 @@
 """llama-server's settings: one declarative table (table.py) and the config objects and
 resolution rules generated from it (config.py; sampling.py for the sampling settings of a
 request). Owns every spelling of a server flag."""
-from .config import ContextConfig, SpecConfig, check_props, describe, flags_block, kv_layout, recorded_flags, resolve
-from .table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
+from replay.settings.config import (
+    ContextConfig,
+    SpecConfig,
+    check_props,
+    describe,
+    flags_block,
+    kv_layout,
+    recorded_flags,
+    resolve,
+)
+from replay.settings.table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
 
 __all__ = ["BY_ATTR", "BY_FLAG", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_props",
            "describe", "flags_block", "recorded_flags", "resolve", "rows"]

@@ -15,9 +15,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from .table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
+from replay.settings.table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
 
-SOURCES = ("command line", "/props", "server.flags", "default")
+# A replay's context and threads where the server's were left to it: --ctx-size 0 (the model's
+# n_ctx_train, which a replay cannot afford) with no /props n_ctx in the transcript takes the old
+# server default; --threads -1 (all the server's cores) takes 2, the cores CI has. Threads change no
+# value on CPU (README, Numerics); the context only bounds what can be replayed.
+DEFAULT_N_CTX = 2048
+DEFAULT_THREADS = 2
+
+
+def context_size(cfg: Any) -> int:
+    """The context a replay of `cfg` (a ContextConfig) allocates.
+
+    >>> context_size(ContextConfig()), context_size(ContextConfig(n_ctx=4096))
+    (2048, 4096)
+    """
+    return cfg.n_ctx or DEFAULT_N_CTX
+
+
+def thread_count(cfg: Any) -> int:
+    """The threads a replay of `cfg` decodes with.
+
+    >>> thread_count(ContextConfig()), thread_count(ContextConfig(threads=6))
+    (2, 6)
+    """
+    return cfg.threads if cfg.threads > 0 else DEFAULT_THREADS
 
 
 def _config_class(name: str, group: str, doc: str) -> type:

@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..errors import TranscriptError
-from .table import BY_ATTR, rows
+from replay.errors import TranscriptError
+from replay.settings.table import BY_ATTR, rows
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 INT32 = 2**31

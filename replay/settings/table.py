@@ -14,7 +14,7 @@ Columns:
     kind            int | float | choice | path | str | flag (no value) | list (comma-separated or
                     repeated, like --spec-type) | strings (repeated, each kept whole, like -r)
     default         llama-server's built-in default (common/common.h); the same in every build
-                    spec-replay replays (loop/eras.py), which `since` says have the flag
+                    spec-replay replays (builds/loop_shapes.py), which `since` says have the flag
     transcript      the key of the older `server.speculative` block of transcripts recorded before
                     `server.flags` ("ngram.mod-n-match" is the key "mod-n-match" of its "ngram" object)
     props           where a running server reports it: a dotted path in GET /props
@@ -33,8 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..runtime.cache_types import GGML_CACHE_TYPES
-
+from replay.settings.cache_types import GGML_CACHE_TYPES
 
 # common/speculative.cpp: common_speculative_all_types_str (b11434); replay support in loop/replayable.py
 SPEC_TYPES = ("none", "draft-simple", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
@@ -58,7 +57,7 @@ class Setting:
     transcript: str | None = None
     props: str | None = None
     generation: str | None = None
-    since: int | None = None  # the first build that has the flag (loop/eras.py), None: every known build
+    since: int | None = None  # the first build that has the flag (builds/loop_shapes.py), None: every known build
     request: tuple[str, ...] = ()
     gguf: str | None = None
     user_bit: bool = False
@@ -377,7 +376,7 @@ UNREPLAYED_FIELDS: dict[str, Unreplayed] = {u.name: u for u in (
 )}
 UNREPLAYED_BY_FLAG: dict[str, Unreplayed] = {n: u for u in UNREPLAYED_FLAGS.values() for n in u.names}
 # flags that change how a chat request is rendered: kept as recorded, and judged where a chat prompt is
-# rebuilt from its messages (recovery/prompt.py); recorded prompt_tokens make them irrelevant
+# rebuilt from its messages (tokens/prompt_ids.py); recorded prompt_tokens make them irrelevant
 CHAT_TEMPLATE_FLAGS = ("--chat-template", "--chat-template-file", "--chat-template-kwargs", "--jinja", "--no-jinja")
 
 

@@ -1,4 +1,4 @@
-"""Per-token probability entries as llama-server sent them, for any endpoint and shape.
+"""Per-token probability entries as llama-server sent them, for any endpoint and file layout.
 
 llama-server reports, per emitted token, `{id, token, bytes, logprob, top_logprobs}`
 (or, with `post_sampling_probs`, `{..., prob, top_probs}`) in:
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from .readers import Record, entries_of
+from replay.transcripts.readers import Record, entries_of
 
 
 @dataclass(frozen=True)
@@ -34,21 +34,34 @@ class SentEntry:
     @property
     def is_placeholder(self) -> bool:
         """prob 1.0 / logprob 0.0 with no alternatives: the speculative-path placeholder."""
-        return self.logprob == 0.0 and not self.top
+        return is_placeholder(self.logprob, self.top)
 
 
-def _entry(e: dict) -> SentEntry:
+def is_placeholder(logprob: float, top: Sequence, n_probs: int = 1) -> bool:
+    """The speculative path's placeholder: logprob 0.0 (prob 1.0) and no alternatives, where the
+    request asked for some (`n_probs` > 0). server-context.cpp:4350-4357 sends `result.prob = 1.0f;
+    // set later` and no probs for every token its speculative loop emits.
+
+    >>> is_placeholder(0.0, ()), is_placeholder(0.0, (), n_probs=0), is_placeholder(-0.1, ())
+    (True, False, False)
+    """
+    return logprob == 0.0 and not top and n_probs > 0
+
+
+def parse_entry(e: dict) -> SentEntry:
+    """One entry as the server sent it, in either mode (post-sampling `prob`s are logged; a value
+    the server left null is -inf, an alternative without one is dropped)."""
+    def log(p) -> float:
+        return math.log(p) if p is not None and p > 0 else -math.inf
+
     if "prob" in e:
-        p = float(e["prob"])
-        lp = math.log(p) if p > 0 else -math.inf
-        top = tuple((t.get("id"), t.get("token", ""), math.log(t["prob"]) if t["prob"] > 0 else -math.inf)
-                    for t in e.get("top_probs") or [])
-        kind = "prob"
-    else:
-        lp = float(e["logprob"])
-        top = tuple((t.get("id"), t.get("token", ""), float(t["logprob"])) for t in e.get("top_logprobs") or [])
-        kind = "logprob"
-    return SentEntry(id=e.get("id"), token=e.get("token", ""), logprob=lp, top=top, kind=kind)
+        return SentEntry(id=e.get("id"), token=e.get("token", ""), logprob=log(float(e["prob"])),
+                         top=tuple((t.get("id"), t.get("token", ""), log(t.get("prob", 0)))
+                                   for t in e.get("top_probs") or []), kind="prob")
+    lp = e.get("logprob")
+    return SentEntry(id=e.get("id"), token=e.get("token", ""), logprob=float(lp) if lp is not None else -math.inf,
+                     top=tuple((t.get("id"), t.get("token", ""), float(t["logprob"])) for t in e.get("top_logprobs") or []
+                               if t.get("logprob") is not None), kind="logprob")
 
 
 def _entries_of(obj: dict, endpoint: str) -> list[dict]:
@@ -61,11 +74,11 @@ def sent_entries(endpoint: str, response: dict | None = None, events: Iterable[d
         out: list[SentEntry] = []
         for ev in events:
             # the final /completion chunk repeats the whole result without probabilities
-            out.extend(_entry(e) for e in _entries_of(ev, endpoint))
+            out.extend(parse_entry(e) for e in _entries_of(ev, endpoint))
         return out
     if response is None:
         return []
-    return [_entry(e) for e in _entries_of(response, endpoint)]
+    return [parse_entry(e) for e in _entries_of(response, endpoint)]
 
 
 def _count(v) -> int | None:

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..errors import OutputExistsError, SpecReplayError, TranscriptError
+from replay.errors import OutputExistsError, SpecReplayError, TranscriptError
 
 
 def refuse_existing(path: Path | str, force: bool) -> None:

@@ -35,19 +35,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any
 
 FORMAT = "spec-replay-transcript"
 VERSION = 1
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/completion")
+CHAT, CMPL, NATIVE = "/v1/chat/completions", "/v1/completions", "/completion"
+ENDPOINTS = (CHAT, CMPL, NATIVE)  # the generation endpoints a transcript can record (tools/server/server.cpp routes)
 
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def is_transcript(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("format") == FORMAT
 
 
 def dumps(transcript: dict, *, indent: int | None = 2) -> str:

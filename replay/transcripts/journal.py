@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import OutputExistsError, SpecReplayError
+from replay.errors import OutputExistsError, SpecReplayError
 
 
 class Journal:

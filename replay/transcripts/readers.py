@@ -1,4 +1,4 @@
-"""Read every transcript shape users have into `Record`s.
+"""Read every transcript layout users have into `Record`s.
 
 A file holds one of:
 
@@ -14,7 +14,7 @@ never at the file name; whatever cannot be read raises TranscriptError naming
 the file, the record and why.
 
 A Record holds the parsed objects as read; nothing downstream changes them. The repair pass
-(recovery/repair.py) builds its output from copies, placed back into the file's own shape.
+(report/repair.py) builds its output from copies, placed back into the file's own layout.
 """
 from __future__ import annotations
 
@@ -24,11 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import TranscriptError
-from ..settings import check_props, recorded_flags
-from ..transcripts.format import FORMAT, VERSION
+from replay.errors import TranscriptError
+from replay.settings import check_props, recorded_flags
+from replay.transcripts.format import CHAT, CMPL, FORMAT, NATIVE, VERSION
 
-CHAT, CMPL, NATIVE = "/v1/chat/completions", "/v1/completions", "/completion"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ the model file, the request, and the response's own echo (`generation_settings`:
 Grammars (tools/server/server-schema.cpp:251-382, server-common.cpp:1293-1443): the server turns
 `grammar`, `json_schema`, `response_format` and tool definitions into one GBNF grammar, lazy or not,
 with trigger words, patterns and tokens. The echo carries the grammar the server built; without it
-the caller may pass what the server's own request parsing builds (`rebuilt`: recovery/server_view.py,
+the caller may pass what the server's own request parsing builds (`rebuilt`: tokens/server_view.py,
 run in the transcript's llama.cpp tree); with neither, only a request's own GBNF `grammar` can be
 replayed, and the rest is refused by name.
 """
@@ -21,10 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..errors import TranscriptError
-from ..settings.sampling import Effective, Grammar, check_echo, effective, server_sampling
-from ..settings.table import unreplayed
-from .readers import CHAT, Record
+from replay.errors import TranscriptError
+from replay.settings.sampling import Effective, Grammar, check_echo, effective, server_sampling
+from replay.settings.table import unreplayed
+from replay.transcripts.readers import CHAT, Record
 
 # common_grammar_trigger_type (common/common.h:146-157)
 TRIGGER_TOKEN, TRIGGER_WORD, TRIGGER_PATTERN, TRIGGER_PATTERN_FULL = 0, 1, 2, 3
@@ -52,7 +52,7 @@ def request_settings(rec: Record, *, flags: Mapping[str, Any] | None = None,
     """The effective sampling settings, grammar and limits of a recorded request (module docstring).
     A recorded flag or request field that `command` does not reproduce (settings.table: unreplayed) is a
     TranscriptError naming it. `rebuilt`: the generation_settings the server's own request parsing
-    produced for a request it did not echo (recovery/server_view.py) and where they came from; its
+    produced for a request it did not echo (tokens/server_view.py) and where they came from; its
     grammar is used where the server built one from the request. `grammar=False`: the sampling values
     only (a caller that needs no grammar)."""
     why = unreplayed(rec.flags, rec.request, command)

@@ -1,0 +1,159 @@
+"""Which CPU variant replays a transcript, from the probes of its first real entry (pure).
+
+The rule: a variant whose evaluation of the first entry equals the server's to within EXACT (the
+float32 rounding of the values the server printed) computed it; the replay then runs on it and its
+values are exact wherever the schedule is the server's. Several variants may be equal on that entry
+(a class of kernels); the most capable of them is used and the others are named. When none is equal,
+the transcript came from kernels this host cannot run (a GPU, another CPU architecture, a native
+build with other flags, a variant beyond this CPU): that is refused in one line unless the user said
+so (`--server-backend`): then the nearest variant is used and the report names it and its distance.
+A transcript that shows batches shared with other requests (several slots) is probed on several
+records' first entries, since one computed alone is exact on the server's kernels; if none is, the
+sharing itself may have moved them (measured: commands/probe.py, witnesses) and the kernels are "unknown": the replay runs on
+the host's best and the report says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from replay.commands.probe import Probe
+from replay.errors import KernelsError
+from replay.runtime.variants import VARIANTS
+
+EXACT = 1e-6  # nats: a float32 logprob printed by the server and recomputed by the same kernels agree to this
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The variant to replay on and how it was chosen: "matched" (exactly), "given" (--server-cpu),
+    "nearest" (none matched; allowed by `why`), "unknown" (none matched, and shared batches say the
+    first entries cannot tell: the host's best), "default" (nothing to probe: the host's best)."""
+
+    variant: str | None
+    how: str
+    diff: float | None = None
+    record: int | None = None  # the probed record (0-based)
+    equal: tuple[str, ...] = ()  # other variants that matched as exactly
+    why: str | None = None
+    diffs: tuple[tuple[str, float | None], ...] = ()
+    spread: float | None = None  # how far the equal variants' one-token decodes are apart, where not exact
+
+    def describe(self) -> str:
+        """The report's line.
+
+        >>> KernelChoice("haswell", "matched", 0.0, 0, ("piledriver",)).describe()
+        'haswell (AVX2), matched on the first entry of record 1 (as exactly: piledriver)'
+        >>> KernelChoice("haswell", "nearest", 0.0193, 2, why="--server-backend").describe()
+        'haswell (AVX2), the nearest: 0.0193 nats off the first entry of record 3 (no variant here matches; --server-backend)'
+        """
+        name = VARIANTS[self.variant].label if self.variant in VARIANTS else str(self.variant)
+        where = f"the first entry of record {self.record + 1}" if self.record is not None else "the first entry"
+        if self.how == "matched":
+            spread = f"; one-token decodes within {self.spread:.2g}" if self.spread else ""
+            return f"{name}, matched on {where}" + (f" (as exactly: {', '.join(self.equal)}{spread})" if self.equal
+                                                     else "")
+        if self.how == "given":
+            off = f"; {self.diff:.3g} nats off {where}" if self.diff is not None else ""
+            return f"{name}, given (--server-cpu){off}"
+        if self.how == "nearest":
+            return f"{name}, the nearest: {self.diff:.3g} nats off {where} (no variant here matches; {self.why})"
+        if self.how == "unknown":
+            return f"{name}, this host's best; the server's kernels are unknown ({self.why})"
+        return f"{name}, this host's best ({self.why})"
+
+    def to_json(self) -> dict:
+        return {"variant": self.variant, "how": self.how, "diff": self.diff, "record": self.record,
+                "equal": list(self.equal), "decode_spread": self.spread, "why": self.why, "probes": {v: d for v, d in self.diffs},
+                "description": self.describe()}
+
+
+def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_nearest: str | None = None,
+                   not_runnable: Sequence[str] = (), witnesses: Sequence[int] = (),
+                   tolerance: float = EXACT) -> KernelChoice:
+    """The variant whose probe is exact (`probes` best-first: the first exact one, the other exact ones
+    named, the witness record that matched kept). Exact ones whose one-token decodes of the tokens after
+    it (Probe.decode) differ from the first's by more than `tolerance` (the precision recover promises,
+    --tolerance) are a KernelsError: the first entry, computed in a prompt batch, cannot tell them apart,
+    and the tokens after it are computed one at a time; within it the choice does not move a judged
+    value past the tolerance, and the spread is reported. With none exact:
+    - `shared` (the transcript's evidence of batches shared with other requests): the first entries
+      cannot tell the kernels (sharing moves them as far as another variant does), so the replay runs on
+      the first probed, this host's best, and the choice says the kernels are "unknown" (naming the
+      `witnesses` probed);
+    - `allow_nearest` (why a stated-precision replay is allowed: --server-backend, --shared-batches):
+      the nearest, named with its distance;
+    - else KernelsError naming the nearest, its distance, the likely causes and `not_runnable`
+      (variants the library has but this CPU cannot run).
+
+    >>> ps = [Probe("haswell", 0.0193, record=0), Probe("sse42", 0.0, record=2), Probe("x64", 0.0, record=2)]
+    >>> c = choose_variant(ps); c.variant, c.equal, c.record
+    ('sse42', ('x64',), 2)
+    >>> choose_variant([Probe("haswell", 0.02, record=0)], allow_nearest="--server-backend").how
+    'nearest'
+    >>> choose_variant([Probe("haswell", 0.08, record=1), Probe("x64", 0.03, record=3)], shared="a 4-slot server").variant
+    'haswell'
+    """
+    diffs = tuple((p.variant, p.diff) for p in probes)
+    exact = [p for p in probes if p.diff is not None and p.diff <= EXACT]
+    if exact:
+        lead = exact[0]
+        apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
+        differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
+        if differ:
+            names = ", ".join(p.variant for p in [lead, *(p for p, _ in differ)])
+            raise KernelsError(
+                f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
+                f"of the tokens after it differ (by up to {max(d for _, d in differ):.3g} nats): the transcript "
+                "cannot tell which computed the server's; give --server-cpu with the variant its llama.cpp loaded (the server's "
+                "log names it: load_backend: loaded CPU backend from ...libggml-cpu-<variant>.so)")
+        spread = max((d for _, d in apart if d is not None), default=None)
+        return KernelChoice(lead.variant, "matched", lead.diff, lead.record, tuple(p.variant for p, _ in apart),
+                            diffs=diffs, spread=spread if spread and spread > EXACT else None)
+    measured = sorted((p for p in probes if p.diff is not None), key=lambda p: p.diff)
+    if not measured:
+        errors = "; ".join(f"{p.variant}: {p.error}" for p in probes) or "no CPU variant to evaluate"
+        which = f"record {probes[0].record + 1}'s first entry" if probes and probes[0].record is not None else \
+            "the first entry"
+        raise KernelsError(f"{which} could not be evaluated under any CPU variant ({errors})")
+    near = measured[0]
+    if shared:
+        seen = sorted(set(witnesses) or {p.record for p in measured if p.record is not None})
+        return KernelChoice(probes[0].variant, "unknown", None, None, diffs=diffs,
+                            why=f"{shared}; no variant reproduces the first entry of {records_named(seen)}, and batches "
+                                f"shared with other requests move a first entry as far as other kernels do (nearest "
+                                f"{near.variant} {near.diff:.3g} nats off)")
+    if allow_nearest:
+        return KernelChoice(near.variant, "nearest", near.diff, near.record, why=allow_nearest, diffs=diffs)
+    others = ", ".join(f"{p.variant} {p.diff:.3g}" for p in measured[1:4])
+    beyond = f" ({', '.join(not_runnable)} are built but this CPU cannot run them)" if not_runnable else ""
+    where = f"record {near.record + 1}'s first entry" if near.record is not None else "the first entry"
+    raise KernelsError(
+        f"{where} matches none of this host's CPU kernels (nearest "
+        f"{VARIANTS[near.variant].label if near.variant in VARIANTS else near.variant} {near.diff:.3g} nats off"
+        f"{'; ' + others if others else ''}): the server computed on a GPU, another CPU architecture, a native "
+        f"build with other flags, or a CPU variant this host cannot run{beyond}; give --server-backend NAME to "
+        "recover at stated precision on the nearest")
+
+
+def decode_distance(a: Probe, b: Probe) -> float | None:
+    """The largest |difference| between two probes' one-token decode values (Probe.decode), None when
+    either has none or they are not of one shape (nothing to tell them apart by).
+
+    >>> decode_distance(Probe("sse42", 0.0, decode=(-0.5, -0.5, -1.25)), Probe("x64", 0.0, decode=(-0.25, -0.25, -1.5)))
+    0.25
+    >>> decode_distance(Probe("sse42", 0.0), Probe("x64", 0.0, decode=(-0.5,))) is None
+    True
+    """
+    if a.decode is None or b.decode is None or len(a.decode) != len(b.decode):
+        return None
+    return max((abs(x - y) for x, y in zip(a.decode, b.decode)), default=0.0)
+
+
+def records_named(ks: Sequence[int]) -> str:
+    """Records named by their 1-based numbers, as reports do.
+
+    >>> records_named([0]), records_named([0, 2, 3])
+    ('record 1', 'records 1, 3, 4')
+    """
+    return f"record {ks[0] + 1}" if len(ks) == 1 else "records " + ", ".join(str(k + 1) for k in ks)

@@ -1,0 +1,395 @@
+"""Recover the real probabilities of recorded transcripts (the main job). Data flows one way:
+
+    file -> Records (transcripts/readers) -> immutable plan of generated tokens (transcripts/plan)
+         -> target evaluation with the server's decode schedule (evaluate) -> Truths
+         -> per-token comparison with what the server sent (compare, pure) -> TokenReports
+         -> repaired copy of each record (repair, a separate pass) and the report (report)
+
+`recover()` is the Python API; the `recover` and `diff` commands are thin wrappers over it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from replay.builds.loop_shapes import Shape, shape_for
+from replay.builds.prompt_rules import rules_of_build
+from replay.comparison.values import (
+    BATCH_BOUND,
+    DEFAULT_TOLERANCE,
+    TokenReport,
+    compare,
+    judge_numerics,
+    numerics_cause,
+)
+from replay.errors import ModelError, TranscriptError, Unaligned, located
+from replay.evaluation.walk import PieceIndex, Truth, truths
+from replay.report.recovery import RecordReport, RecoverResult
+from replay.report.repair import Outcome, repair_record, serialise
+from replay.runtime.backend import kernels_differ, replay_backend, server_backend
+from replay.runtime.binding import loaded_path
+from replay.runtime.llama import Context, Model
+from replay.schedule.memory import SlotMemory, checkpoint_rules, min_step_given, schedule_of
+from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
+from replay.schedule.prompt import NO_SPANS
+from replay.settings import BY_ATTR, ContextConfig, kv_layout, resolve
+from replay.settings.config import context_size, thread_count
+from replay.settings.sampling import Effective
+from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
+from replay.tokens.server_view import server_view
+from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
+from replay.transcripts.plan import Gap, Plan, build_plan, entry_at
+from replay.transcripts.readers import Record, fingerprint, read_source, read_text
+from replay.transcripts.request import request_settings
+
+
+@dataclass(frozen=True)
+class RecoverOptions:
+    """How recover evaluates, besides the server's own settings (settings.ContextConfig)."""
+
+    tolerance: float = DEFAULT_TOLERANCE
+    batch_bound: float = BATCH_BOUND  # compare.judge_numerics
+    server_backend: str | None = None  # --server-backend: what the server computed on, when no flag says
+    build: int | None = None  # --build N: the server's llama.cpp build, over the transcript's build_info
+    source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
+    reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
+    shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
+    only_entries: int = 0  # evaluate the prompt and only this many generated tokens; 0: all (commands/probe.py)
+    cpu: Any = None  # commands/kernel_choice.py KernelChoice: the CPU variant this run replays on (None: one linked in)
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """One record as recover reads it, once (Recoverer._read), for the stages after it."""
+
+    rec: Record
+    post: bool  # the server sent post-sampling probabilities
+    settings: Effective  # what it sampled with, and where each value came from
+    shape: Shape  # the loop shape of the server's build
+    plan: Plan  # the generated tokens: known ids, gaps to align
+    prompt: tuple[int, ...]
+    notes: tuple[str, ...]
+    context: ContextConfig  # the server's context flags
+    final: dict | None  # the final response object (a stream's last event)
+    speculative: bool  # the server ran its speculative loop
+    slots: int | None  # the server's slot count (None: not known)
+    shared: str | None  # why the server's batches may have been shared with other requests, or None
+    server_backend: str  # what the server computed on, as far as is known
+
+    @property
+    def n_probs(self) -> int:
+        return self.settings.params.n_probs
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """What evaluating one record gave: its truths, where the text stopped aligning, how the prompt
+    was laid on the slot's memory, the schedule replayed, and the KV length after."""
+
+    truths: list[Truth]
+    unaligned: Unaligned | None
+    prefix: Prefix
+    schedule: dict
+    kv_after: int
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """One record's outcome: its report, and its repaired top-level object (None if not repaired)."""
+
+    report: RecordReport
+    container: Any
+
+
+def speculating_types(value) -> bool:
+    """Does a recorded `--spec-type` (a list, or one comma-separated string, as llama-server takes it:
+    common/arg.cpp --spec-type) name a speculative type? `none` is no speculation.
+
+    >>> speculating_types(["none"]), speculating_types("none"), speculating_types(None)
+    (False, False, False)
+    >>> speculating_types(["ngram-mod", "draft-simple"]), speculating_types("none,ngram-mod")
+    (True, True)
+    """
+    if not value:
+        return False
+    names = value.split(",") if isinstance(value, str) else [n for v in value for n in str(v).split(",")]
+    return any(n.strip() not in ("", "none") for n in names)
+
+
+class Recoverer:
+    """Holds the target model and one context; recovers records one after another.
+
+    `flags` are server flags given on our command line (settings table attrs); each record's
+    context settings resolve from them, its transcript and /props (settings/config.py)."""
+
+    def __init__(self, model: Model | str | Path, flags: dict | None = None,
+                 options: RecoverOptions | None = None):
+        self.flags = dict(flags or {})
+        self.options = options or RecoverOptions()
+        self.backend = replay_backend(self.flags.get("n_gpu_layers"))
+        self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers)
+        self._ctx: Context | None = None
+        self._ctx_key: tuple | None = None
+        self._slot: SlotMemory | None = None
+        self._pieces: PieceIndex | None = None
+        self._exact_upto = 0  # KV positions the previous record left as the server computed them
+        self._piece_cache: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+
+    def forget(self) -> None:
+        """Keep no KV positions for the next record (a new unit of work: transcripts/chains.py), so that what
+        an evaluator did before cannot change what it computes next."""
+        self._exact_upto = 0
+
+    def _server_flags(self, rec: Record) -> dict[str, Any]:
+        """The record's server flags by flag name, ours (given on the command line) over the recorded ones."""
+        return {**(rec.flags or {}), **{BY_ATTR[a].flag: v for a, v in self.flags.items() if a in BY_ATTR}}
+
+    # --- the model ----------------------------------------------------------------------
+
+    def piece(self, tid: int) -> bytes:
+        b = self._piece_cache.get(tid)
+        if b is None:
+            b = self._piece_cache[tid] = self.model.piece(tid, special=True)  # refuses ids outside the vocabulary
+        return b
+
+    def text(self, tid: int) -> str:
+        return self.piece(tid).decode("utf-8", "replace")
+
+    def pieces(self) -> PieceIndex:
+        if self._pieces is None:
+            self._pieces = PieceIndex(self.model)
+        return self._pieces
+
+    def context(self, cfg: ContextConfig, build: int | None, recorded: dict | None = None) -> SlotMemory:
+        """The context (and the slot memory over it) configured like the server's, made anew when the
+        configuration changes. `build` (the server's build number, None: unknown) picks the prompt
+        schedule's rules (builds/prompt_rules.py); `recorded` are the transcript's server flags (how its
+        slots were asked for: kv_layout)."""
+        n_ctx = context_size(cfg)
+        threads = thread_count(cfg)
+        n_seq_max, unified = kv_layout(cfg, recorded)
+        key = (n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full,
+               threads, n_seq_max, unified, cfg.n_ctx_checkpoints, min_step_given(cfg), rules_of_build(build))
+        if self._ctx is None or self._ctx_key != key:
+            self.close()
+            self._ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx), n_ubatch=cfg.n_ubatch,
+                                n_threads=threads, flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
+                                type_v=cfg.cache_type_v, swa_full=cfg.swa_full, n_seq_max=n_seq_max,
+                                kv_unified=unified)
+            rules = checkpoint_rules(self.model, self._ctx.removes_suffixes(), n_ctx_checkpoints=cfg.n_ctx_checkpoints,
+                                     min_step=min_step_given(cfg), swa_full=cfg.swa_full, build=build)
+            self._slot = SlotMemory(self._ctx, rules, n_swa=0 if cfg.swa_full else self.model.n_swa)
+            self._ctx_key = key
+            self._exact_upto = 0
+        return self._slot
+
+    def check_vocab(self, rec: Record, plan: Plan) -> None:
+        """Refuse a transcript from another model: its real entries' top pieces must be this model's pieces."""
+        checked = 0
+        for item in plan:
+            e = entry_at(rec, item.place)
+            if not e:
+                continue
+            for t in (e.get("top_logprobs") or e.get("top_probs") or []):
+                tid, b = t.get("id"), t.get("bytes")
+                if isinstance(tid, int) and isinstance(b, list):
+                    # the server renders control tokens as nothing unless started with --special
+                    if bytes(b) != self.piece(tid) and not (not b and not self.model.piece(tid, special=False)):
+                        raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
+                                         f"{self.piece(tid)!r} in {self.model.path.name}: the transcript comes "
+                                         "from another model")
+                    checked += 1
+                if checked >= 64:
+                    return
+
+    # --- one record -----------------------------------------------------------------------
+
+    def recover(self, rec: Record) -> Recovered:
+        """Recover one record; every error names the file and record."""
+        with located(rec.source, rec.index):  # a bad field, a wrong model, a decode failure: say which record
+            return self._recover(rec)
+
+    def _recover(self, rec: Record) -> Recovered:
+        """transcript -> tokens -> evaluation -> comparison -> report, each stage taking what the one
+        before it made; the report is built once, at the end."""
+        read = self._read(rec)
+        run = self._evaluate(read)
+        outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative)
+        kernels = kernels_differ(read.server_backend, self.backend)
+        cpu = self.options.cpu
+        if cpu is not None and cpu.how in ("nearest", "unknown") and kernels is None:
+            kernels = f"no CPU variant here reproduces the server's kernels ({cpu.describe()})"
+        cause = numerics_cause(read.shared, kernels)
+        judged, weighted, batched = judge_numerics([o.report for o in outcomes], cause, self.options.batch_bound)
+        outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
+        tokens = [o.report for o in outcomes]
+        notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else [])
+        if batched:
+            worst = max((abs(t.server_logprob - t.true_logprob) for t in tokens
+                         if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
+                        default=weighted)
+            notes.append(f"the server's real values differ from this replay's ({self.backend.name}, one request) "
+                         f"by up to {worst:.3g} nats ({weighted:.3g} weighted by probability, first "
+                         f"entry and record): {cause}; within the {self.options.batch_bound} nats other "
+                         "numerics explain (a wrong model file differs by 0.45 or more), so they are kept as "
+                         f"sent and the rest gets {self.backend.name} one-request values")
+        error = None
+        if run.unaligned is not None:
+            error = str(run.unaligned)
+            tokens.append(TokenReport(run.unaligned.index, None, "", None, None, "unaligned", [], note=error))
+        generated = n_generated(rec.endpoint, read.final)
+        if error is None and generated is not None and generated > len(tokens):
+            notes.append(f"the server generated {generated} tokens but its response shows {len(tokens)}: "
+                         f"the last {generated - len(tokens)} were never sent (a trimmed stop word, or "
+                         "text ending in incomplete UTF-8) and cannot be recovered")
+        # what the next record may keep: the prompt, and the generated tokens too when both we and the
+        # server decoded them one per decode (a speculating server decoded them in verify batches)
+        self._exact_upto = run.kv_after if drafted(read.final) is False and error is None else len(read.prompt)
+        rep = RecordReport(
+            rec.source, rec.index, rec.endpoint, rec.stream, "prob" if read.post else "logprob", read.n_probs,
+            tokens=tokens, error=error, notes=notes, prompt_tokens=len(read.prompt),
+            reused_prompt_tokens=run.prefix.keep, prefix=run.prefix.how, prefix_note=run.prefix.note,
+            settings=read.settings.describe(), slots=read.slots, shape=read.shape, replay_backend=self.backend.name,
+            libllama=None if loaded_path() is None else str(loaded_path()), server_backend=read.server_backend,
+            kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause, weighted_diff=weighted,
+            batched=batched, schedule=run.schedule)
+        return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
+
+    def _read(self, rec: Record) -> "ReadRecord":
+        """Everything later stages need from the record, read once: the request as the server parsed it,
+        the settings with their sources, the loop shape, the token plan, the prompt ids, the context
+        flags, and what the transcript says of the server's batches and kernels."""
+        view = server_view(rec, self.model.path, self.flags, lambda p: server_tokens(self.model, p),
+                           self.model.chat_template())
+        settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta,
+                                    rebuilt=view.rebuilt if view else None)
+        try:
+            shape = shape_for(build=self.options.build, source=self.options.source,
+                              build_info=rec.build_info or fingerprint(rec))
+        except ValueError as e:
+            raise TranscriptError(str(e)) from None
+        plan = build_plan(rec, self.piece, settings.stop)
+        self.check_vocab(rec, plan)
+        prompt = prompt_ids(rec, self.model, view)
+        for t in prompt:
+            self.piece(t)  # vocabulary range check
+        final = rec.final()
+        notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
+                                        if view is not None else [])
+        shared = rec.several_slots(self.flags.get("n_parallel")) or (
+            "--shared-batches" if self.options.shared_batches else None)
+        return ReadRecord(
+            rec=rec, post=bool(rec.request.get("post_sampling_probs")), settings=settings, shape=shape, plan=plan,
+            prompt=tuple(prompt), notes=tuple(notes),
+            context=resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props), final=final,
+            speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
+            slots=rec.slots(self.flags.get("n_parallel")), shared=shared,
+            server_backend=server_backend(self._server_flags(rec), self.options.server_backend))
+
+    def _evaluate(self, read: "ReadRecord") -> "Evaluated":
+        """The truth of every generated token: the prompt in the server's batches on what the slot kept
+        (the prefix), then one decode per token (evaluation/walk.py)."""
+        rec, prompt = read.rec, list(read.prompt)
+        slot = self.context(read.context, read.shape.build, rec.flags)
+        ctx = slot.ctx
+        spans = message_spans(rec, self.model, prompt) if slot.rules.user_breaks else NO_SPANS
+        if slot.rules.enabled:  # a target that checkpoints: its prompt cuts and the slot's checkpoints
+            prefix = plan_checkpointed(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(read.final),
+                                       slot.checkpoints, pos_min=ctx.pos_min(), n_swa=slot.n_swa)
+        else:
+            prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(read.final), ctx.n_batch,
+                                 ctx.n_ubatch, reuse=self.options.reuse_prefix)
+        self._exact_upto = 0  # until this record's evaluation completes
+        evaluated: list[Truth] = []
+        unaligned: Unaligned | None = None
+        era = read.shape.era
+        try:
+            for truth in truths(self.model, slot, prompt, read.plan, read.settings, read.n_probs, post=read.post,
+                                prefix=prefix, spans=spans, suppress_tokens=era.suppress_tokens,
+                                single_draw=era.single_draw,
+                                pieces=self.pieces() if any(isinstance(i, Gap) for i in read.plan) else None):
+                evaluated.append(truth)
+                if self.options.only_entries and len(evaluated) >= self.options.only_entries:
+                    break
+        except Unaligned as e:
+            unaligned = e
+            # the tokens of a gap that owns an entry are compared once the gap is complete: it is not
+            while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.place.entry is not None:
+                evaluated.pop()
+        return Evaluated(evaluated, unaligned, prefix, schedule_of(slot, spans), len(ctx.kv_tokens))
+
+    def _compare(self, rec: Record, evaluated: list[Truth], post: bool, n_probs: int,
+                 speculative: bool) -> list[Outcome]:
+        """Pair every truth with the server's entry it owns and compare them. A Gap's tokens share its
+        place: only its last token owns an entry there (an id-less entry), the others are inserted before."""
+        last_of_item = {id(t.item): k for k, t in enumerate(evaluated)}
+        outcomes = []
+        for k, t in enumerate(evaluated):
+            place = t.item.place
+            owns = place.entry is not None and last_of_item[id(t.item)] == k
+            entry = entry_at(rec, place) if owns else None
+            reason = t.item.reason if isinstance(t.item, Gap) else (place.reason or "the server sent no entry for this token")
+            report = compare(t, entry, post=post, n_probs=n_probs, tolerance=self.options.tolerance,
+                             speculative=speculative, piece=self.text, missing_reason=reason)
+            outcomes.append(Outcome(t, place, owns, report))
+        return outcomes
+
+
+def recover(source: str | Path | dict | list, model: Model | str | Path, *, request: dict | None = None,
+            flags: dict | None = None, options: RecoverOptions | None = None,
+            progress: Callable[[int, int], None] | None = None) -> RecoverResult:
+    """Recover true probabilities for every record of a transcript.
+
+    `source` is a path, or an already-parsed object (a transcript, a {"request", "response"}
+    pair, or a bare response with `request`). `flags` are llama-server flags by settings attr
+    (e.g. {"n_ctx": 4096}). Returns the per-token report and the repaired text in the source's
+    own shape (empty when a record could not be recovered).
+
+        >>> from replay.paths import FIXTURES
+        >>> res = recover(FIXTURES / "transcripts" / "tiny-draft-simple.json", model=FIXTURES / "tiny-target.gguf")
+        >>> res.records[0].summary()["counts"]
+        {'ok': 1, 'placeholder': 19, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
+    """
+    if isinstance(source, (dict, list)):
+        original = json.dumps(source)
+        records = read_text(original, "<object>", request)
+    else:
+        original = read_source(source)
+        records = read_text(original, str(source), request)
+    done = recover_records(records, model, flags=flags, options=options, progress=progress)
+    return result_of(records, done, original)
+
+
+def recover_records(records: list[Record], model: Model | str | Path, *, flags: dict | None = None,
+                    options: RecoverOptions | None = None, progress: Callable[[int, int], None] | None = None,
+                    skip: int = 0, on_record: Callable[[Record, Recovered], bool] | None = None) -> list[Recovered]:
+    """Recover records in order. `skip` leaves the first ones out (finished by an earlier,
+    interrupted run); `on_record(record, recovered)` runs after each and may return False to stop."""
+    r = Recoverer(model, flags, options)
+    out: list[Recovered] = []
+    try:
+        for k, rec in enumerate(records):
+            if k < skip:
+                continue
+            out.append(r.recover(rec))
+            if progress is not None:
+                progress(k + 1, len(records))
+            if on_record is not None and on_record(rec, out[-1]) is False:
+                break
+    finally:
+        r.close()
+    return out
+
+
+def result_of(records: list[Record], done: list[Recovered], original: str) -> RecoverResult:
+    """The report of `done`, with the repaired file text when every record of the file was recovered."""
+    complete = len(done) == len(records) and all(d.container is not None for d in done)
+    text = serialise(records, [d.container for d in done], original) if complete else ""
+    return RecoverResult([d.report for d in done], text)

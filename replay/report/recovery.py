@@ -1,0 +1,142 @@
+"""What recover found, per record: the data of the report (rendered by cli/render.py). Each token's
+verdict is a TokenReport (comparison/values.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from replay.comparison.values import BATCH_BOUND, RECOVERED, STATUSES, TokenReport
+
+
+@dataclass
+class RecordReport:
+    source: str
+    record: int
+    endpoint: str
+    stream: bool
+    field_kind: str  # "logprob" (pre-sampling) or "prob" (post_sampling_probs), as the server sent them
+    n_probs: int
+    tokens: list[TokenReport] = field(default_factory=list)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)  # gaps that no token row can show
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
+    prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
+    prefix_note: str | None = None  # prefix.Prefix.note: why the server's cache state could not be rebuilt exactly
+    settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
+    slots: int | None = None  # the server's slots (None: not known)
+    shape: Any = None  # builds/loop_shapes.py Shape: the server's loop shape, and why
+    replay_backend: str = "CPU"  # runtime/backend.py: what this replay computed on
+    libllama: str | None = None  # runtime/binding.py: the libllama file it computed with (None: the binding's own)
+    server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
+    kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
+    cpu: dict | None = None  # commands/kernel_choice.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
+    cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
+    weighted_diff: float | None = None  # compare.judge_numerics: weighted |server - true| of the real values
+    batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
+    schedule: dict | None = None  # recover.schedule_of: the prompt batches and checkpoints replayed
+
+    def summary(self) -> dict[str, Any]:
+        counts = {s: 0 for s in STATUSES}
+        for t in self.tokens:
+            counts[t.status] += 1
+        true = [t.true_logprob for t in self.tokens if t.true_logprob is not None]
+        server = [t.server_logprob for t in self.tokens if t.server_logprob is not None]
+        real = [abs(t.server_logprob - t.true_logprob) for t in self.tokens
+                if t.status in ("ok", "mismatch") and t.server_logprob is not None and t.true_logprob is not None]
+        mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
+        mt = mean(true)
+        return {
+            "tokens": len(self.tokens), "counts": counts,
+            "server_mean_logprob": mean(server), "true_mean_logprob": mt,
+            "true_perplexity": math.exp(-mt) if mt is not None else None,
+            "max_abs_diff_real": max(real) if real else None,
+            "field_kind": self.field_kind,
+        }
+
+    @property
+    def recovered(self) -> bool:
+        return self.error is None and all(t.status in RECOVERED for t in self.tokens)
+
+    def to_json(self) -> dict:
+        d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
+             "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
+             "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix, "schedule": self.schedule,
+             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
+             "loop_shape": None if self.shape is None else {
+                 "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
+                 "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
+             "numerics": {"slots": self.slots, "replay_backend": self.replay_backend, "libllama": self.libllama,
+                          "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
+                          "weighted_mean_diff_real": self.weighted_diff,
+                          "cause": ("batch composition" if self.kernels is None else
+                                    "kernels" if self.slots == 1 else "batch composition and kernels")
+                          if self.batched else None},
+             "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
+        if self.error:
+            d["error"] = self.error
+        if self.notes:
+            d["notes"] = self.notes
+        return d
+
+
+@dataclass
+class RecoverResult:
+    """What `recover()` returns: one report per record, and the repaired file text."""
+
+    records: list[RecordReport]
+    repaired: str
+
+    @property
+    def ok(self) -> bool:
+        return all(r.recovered for r in self.records)
+
+    def summary(self) -> dict[str, Any]:
+        counts = {s: 0 for s in STATUSES}
+        for r in self.records:
+            for k, v in r.summary()["counts"].items():
+                counts[k] += v
+        diffs = [r.summary()["max_abs_diff_real"] for r in self.records]
+        diffs = [d for d in diffs if d is not None]
+        return {"records": len(self.records), "counts": counts, "max_abs_diff_real": max(diffs) if diffs else None,
+                "prompt_tokens": sum(r.prompt_tokens for r in self.records),
+                "reused_prompt_tokens": sum(r.reused_prompt_tokens for r in self.records)}
+
+    def to_json(self) -> dict:
+        return {"records": [r.to_json() for r in self.records], "summary": self.summary()}
+
+    def failure(self) -> str | None:
+        """One line saying why not everything was recovered, or None."""
+        for r in self.records:
+            if r.error:
+                return f"{r.source}, record {r.record}: {r.error}"
+        bad = [(r, t) for r in self.records for t in r.tokens if t.status in ("mismatch", "unaligned")]
+        if bad:
+            r, t = bad[0]
+            why = "the replay does not match this server's numerics (model file, build, or context settings)"
+            if r.weighted_diff is not None and r.cause is not None:
+                why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
+                       f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
+                       "not the server's")
+            elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
+                why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or shared batches would: if "
+                        "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
+                        "decoded these requests together with others (several slots serving at once), with "
+                        "--shared-batches")
+            if r.cpu and r.cpu.get("how") == "given":
+                why = (f"the {r.cpu['variant']} CPU kernels given with --server-cpu are not the server's: without it the "
+                       "kernels are found from the transcript's first entry")
+            elif r.cpu and r.cpu.get("how") == "matched" and r.cpu.get("record") is not None and r.cpu["record"] + 1 != r.record:
+                why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
+                        "may come from another machine (recover it separately)")
+            if r.prefix == "server cache":
+                why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
+                       "rebuilt from the previous record: keep the file in request order, one server slot")
+            elif r.prefix == "server cache (rebuilt)":
+                why = ((r.prefix_note or "the server took part of this prompt from a cache this file does not show")
+                       + "; --tolerance 0.3 accepts the difference and keeps the server's real values as sent")
+            return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
+                    f"{r.record}, token {t.index}, {t.note}); {why}")
+        return None

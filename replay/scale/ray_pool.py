@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -98,85 +98,115 @@ def run_ray(job: Job, units: Sequence[Unit], workers: int, address: str,
                  runtime_env={"py_modules": [replay]})
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise SpecReplayError(f"cannot reach the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
-    threads = job.threads or 1
-    job = replace(job, threads=threads)
-    Actor = ray.remote(num_cpus=threads, max_restarts=0, max_task_retries=0)(RayEvaluator)
-    size = os.path.getsize(job.model)
-    shipped: dict[str, object] = {}
+    try:
+        _Scheduler(ray, replace(job, threads=job.threads or 1), units, on_event).run(workers)
+    finally:
+        ray.shutdown()
 
-    def start_actor():
-        a = Actor.remote(job)
-        model = job.model
-        if not ray.get(a.has.remote(job.model, size)):
-            if "ref" not in shipped:
-                shipped["sha"] = sha256_file(Path(job.model))
-                shipped["ref"] = ray.put(Path(job.model).read_bytes())
-            model = ray.get(a.receive_model.remote(shipped["ref"], shipped["sha"]))
-        ray.get(a.load.remote(model))
-        return a
 
-    queue = list(units)
-    tries: dict[int, int] = {}
-    running: dict[object, tuple] = {}  # ref -> (actor, unit key, index, write)
-    per_actor: dict[object, list] = {}  # actor -> its unit's pending refs
-    delivered: dict[int, set[int]] = {}  # unit key -> records received
+@dataclass
+class _Call:
+    """One record's call on an actor: which unit it belongs to, and whether its output is written."""
 
-    def submit(actor, key: int, unit: Unit) -> None:
+    actor: object
+    unit: int
+    record: int
+    write: bool
+
+
+class _Scheduler:
+    """The driver's state, in one place: units waiting (`todo`, by key into `units`), calls in flight
+    (`running`, by Ray ref), each actor's pending calls, the records each unit delivered, and how
+    often each unit's actor died."""
+
+    def __init__(self, ray, job: Job, units: Sequence[Unit], on_event: Callable[[str, object], None]):
+        self.ray, self.job, self.on_event = ray, job, on_event
+        self.Actor = ray.remote(num_cpus=job.threads, max_restarts=0, max_task_retries=0)(RayEvaluator)
+        self.units = dict(enumerate(units))
+        self.todo = list(self.units)
+        self.running: dict[object, _Call] = {}
+        self.pending: dict[object, list] = {}  # actor -> refs of its unit's calls not yet returned
+        self.delivered: dict[int, set[int]] = {}
+        self.tries: dict[int, int] = {}
+        self.shipped: dict[str, object] = {}  # the model file in the object store, once an actor lacks it
+
+    def run(self, workers: int) -> None:
+        idle = [self.start_actor() for _ in range(min(workers, len(self.todo)))]
+        while self.todo or self.running:
+            while idle and self.todo:
+                self.submit(idle.pop(), self.todo.pop(0))
+            ready, _ = self.ray.wait(list(self.running), num_returns=1)
+            actor = self.finish(ready[0])
+            if actor is not None:
+                idle.append(actor)
+
+    def start_actor(self):
+        """A new actor with the model loaded: from its path where the node has it, else shipped."""
+        ray, job = self.ray, self.job
+        try:
+            a = self.Actor.remote(job)
+            model = job.model
+            if not ray.get(a.has.remote(job.model, os.path.getsize(job.model))):
+                if "ref" not in self.shipped:
+                    self.shipped["sha"] = sha256_file(Path(job.model))
+                    self.shipped["ref"] = ray.put(Path(job.model).read_bytes())
+                model = ray.get(a.receive_model.remote(self.shipped["ref"], self.shipped["sha"]))
+            ray.get(a.load.remote(model))
+            return a
+        except ray.exceptions.RayError as e:
+            raise WorkerDied(f"a Ray actor could not start: {str(e).splitlines()[0]}") from None
+        except SpecReplayError:
+            raise
+        except Exception as e:  # the Evaluator's own error (a missing file on the node...)
+            raise SpecReplayError(str(e).splitlines()[0]) from None
+
+    def submit(self, actor, key: int) -> None:
+        """A unit's records as calls on one actor, in order, after it forgets its KV."""
+        unit = self.units[key]
         actor.forget.remote()
         refs = []
         for k in unit.records:
             ref = actor.recover.remote(k, k not in unit.finished)
-            running[ref] = (actor, key, k, k not in unit.finished)
+            self.running[ref] = _Call(actor, key, k, k not in unit.finished)
             refs.append(ref)
-        per_actor[actor] = refs
+        self.pending[actor] = refs
 
-    keyed = {i: u for i, u in enumerate(queue)}
-    todo = list(keyed)
-    try:
-        idle = []
-        for _ in range(min(workers, len(todo))):
-            try:
-                idle.append(start_actor())
-            except ray.exceptions.RayError as e:
-                raise WorkerDied(f"a Ray actor could not start: {str(e).splitlines()[0]}") from None
-            except Exception as e:  # the Evaluator's own error (a missing file on the node...)
-                raise SpecReplayError(str(e).splitlines()[0]) from None
-        while todo or running:
-            while idle and todo:
-                key = todo.pop(0)
-                submit(idle.pop(), key, keyed[key])
-            ready, _ = ray.wait(list(running), num_returns=1)
-            ref = ready[0]
-            actor, key, k, write = running.pop(ref)
-            try:
-                got = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                # the actor is gone: its unit again, on a new actor, minus what was received
-                for r in per_actor.pop(actor, []):
-                    running.pop(r, None)
-                tries[key] = tries.get(key, 0) + 1
-                if tries[key] > RETRIES:
-                    raise WorkerDied(f"Ray actors died {tries[key]} times on {job.source}, record {k + 1}") from None
-                unit = keyed[key]
-                keyed[key] = Unit(unit.records, unit.finished | frozenset(delivered.get(key, ())))
-                on_event("note", f"a Ray actor died while recovering {job.source}, record {k + 1}; its unit "
-                                 f"({len(keyed[key].work)} record(s) left) is retried on a new actor")
-                if keyed[key].work:
-                    todo.insert(0, key)
-                idle.append(start_actor())
-                continue
-            except ray.exceptions.RayTaskError as e:
-                cause = e.cause if isinstance(getattr(e, "cause", None), SpecReplayError) else None
-                raise SpecReplayError(str(cause) if cause else str(e).splitlines()[0]) from None
-            on_event("start", k)
-            if got is not None:
-                delivered.setdefault(key, set()).add(k)
-                on_event("done", got)
-            pending = per_actor.get(actor, [])
-            if ref in pending:
-                pending.remove(ref)
-            if not pending:
-                per_actor.pop(actor, None)
-                idle.append(actor)
-    finally:
-        ray.shutdown()
+    def finish(self, ref):
+        """One call returned: report it; returns the actor when its unit is done (it is idle then)."""
+        call = self.running.pop(ref)
+        try:
+            got = self.ray.get(ref)
+        except self.ray.exceptions.RayActorError:
+            return self.retry(call)
+        except self.ray.exceptions.RayTaskError as e:
+            cause = e.cause if isinstance(getattr(e, "cause", None), SpecReplayError) else None
+            raise SpecReplayError(str(cause) if cause else str(e).splitlines()[0]) from None
+        self.on_event("start", call.record)
+        if got is not None:
+            self.delivered.setdefault(call.unit, set()).add(call.record)
+            self.on_event("done", got)
+        refs = self.pending.get(call.actor, [])
+        if ref in refs:
+            refs.remove(ref)
+        if refs:
+            return None
+        self.pending.pop(call.actor, None)
+        return call.actor
+
+    def retry(self, call: _Call):
+        """The actor is gone: its unit again, on a new actor, minus what was received (up to RETRIES
+        times); returns the new actor, idle."""
+        for r in self.pending.pop(call.actor, []):
+            self.running.pop(r, None)
+        key = call.unit
+        self.tries[key] = self.tries.get(key, 0) + 1
+        if self.tries[key] > RETRIES:
+            raise WorkerDied(f"Ray actors died {self.tries[key]} times on {self.job.source}, "
+                             f"record {call.record + 1}") from None
+        unit = self.units[key]
+        self.units[key] = Unit(unit.records, unit.finished | frozenset(self.delivered.get(key, ())))
+        self.on_event("note", f"a Ray actor died while recovering {self.job.source}, record {call.record + 1}; its "
+                              f"unit ({len(self.units[key].work)} record(s) left) is retried on a new actor")
+        if self.units[key].work:
+            self.todo.insert(0, key)
+        return self.start_actor()

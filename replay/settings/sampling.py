@@ -376,50 +376,95 @@ def _samplers_field(v: Any, default: tuple[str, ...]) -> tuple[str, ...]:
     return default
 
 
+def _dry_base(body: Mapping, p: SamplingParams) -> Any:
+    """A dry_base below 1 falls back to the server's (server-schema.cpp:142-147)."""
+    v = _request_number(body, "dry_base", "float")
+    return v if v >= 1.0 else None
+
+
+def _dry_sequence_breakers(body: Mapping, p: SamplingParams) -> Any:
+    b = body["dry_sequence_breakers"]
+    if not (isinstance(b, list) and b and all(isinstance(x, str) for x in b)):
+        raise TranscriptError("\"dry_sequence_breakers\" must be a non-empty list of strings")
+    return tuple(b)
+
+
+def _seed(body: Mapping, p: SamplingParams) -> Any:
+    seed = body["seed"]
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -1 <= seed < 2**32:
+        raise TranscriptError(f"\"seed\" {str(seed)[:20]} is not a 32-bit seed")
+    return seed & 0xFFFFFFFF
+
+
+def _min_keep(body: Mapping, p: SamplingParams) -> Any:
+    v = _request_number(body, "min_keep", "int")
+    if v < 0:
+        raise TranscriptError("\"min_keep\" must not be negative")
+    return v
+
+
+# request fields read by a rule of their own, not as a plain clamped number of the table
+# (tools/server/server-schema.cpp); a rule returns the value, or None to keep the server's
+_OWN_RULES: dict[str, Callable[[Mapping, SamplingParams], Any]] = {
+    "dry_base": _dry_base,
+    "dry_sequence_breakers": _dry_sequence_breakers,
+    "seed": _seed,
+    "samplers": lambda body, p: _samplers_field(body["samplers"], p.samplers),
+    "min_keep": _min_keep,
+}
+# request fields that are not sampling parameters, or that interact (read below)
+_NOT_PARAMS = {"n_predict", "logit_bias", "antiprompt", "grammar", "json_schema", "ignore_eos"}
+
+
 def effective(endpoint: str, body: Mapping, defaults: Layer, *, echo: Mapping | None = None) -> Effective:
-    """The settings the server sampled `body` with (module docstring, layers 4 and 5)."""
+    """The settings the server sampled `body` with (module docstring, layers 4 and 5): the server's
+    defaults, then each request field by the table (numbers, clamped as the server clamps them) or
+    by its own rule, then the fields that interact (logit bias and ignore_eos), the limits, and the
+    server's echo where it was recorded."""
     p = SamplingParams()
     sources: dict[str, str] = {}
     for attr, (value, src) in defaults.items():
         if attr in ("samplers",) or hasattr(p, attr) and attr not in ("logit_bias", "ignore_eos"):
             setattr(p, attr, tuple(value) if isinstance(value, list) else value)
             sources[attr] = src
-    server_n_predict = defaults["n_predict"][0]
+    p.seed &= 0xFFFFFFFF
     for s in rows("sampling"):
-        if not s.request or s.attr in ("n_predict", "logit_bias", "antiprompt", "grammar", "json_schema",
-                                       "dry_sequence_breakers", "ignore_eos", "samplers", "seed", "dry_base"):
+        if not s.request or s.attr in _NOT_PARAMS or s.attr in _OWN_RULES:
             continue
         key = _first(body, s.request)
-        if key is None:
-            continue
-        v = _request_number(body, key, s.kind)
-        lo, hi, hard = _CLAMP.get(s.attr, (-math.inf, math.inf, False))
-        if not lo <= v <= hi:
-            if hard:
-                raise TranscriptError(f"\"{key}\" {v} is outside what the server accepts ({lo} to {hi})")
-            v = min(max(v, lo), hi)
-        setattr(p, s.attr, v)
-        sources[s.attr] = "request"
-    if body.get("dry_base") is not None:
-        v = _request_number(body, "dry_base", "float")
-        if v >= 1.0:  # a smaller value falls back to the server's (server-schema.cpp:142-147)
-            p.dry_base, sources["dry_base"] = v, "request"
-    if body.get("dry_sequence_breakers") is not None:
-        b = body["dry_sequence_breakers"]
-        if not (isinstance(b, list) and b and all(isinstance(x, str) for x in b)):
-            raise TranscriptError("\"dry_sequence_breakers\" must be a non-empty list of strings")
-        p.dry_sequence_breakers, sources["dry_sequence_breakers"] = tuple(b), "request"
-    if body.get("seed") is not None:
-        seed = body["seed"]
-        if not isinstance(seed, int) or isinstance(seed, bool) or not -1 <= seed < 2**32:
-            raise TranscriptError(f"\"seed\" {str(seed)[:20]} is not a 32-bit seed")
-        p.seed, sources["seed"] = seed & 0xFFFFFFFF, "request"
-    else:
-        p.seed &= 0xFFFFFFFF
-    if "samplers" in body:
-        p.samplers = _samplers_field(body["samplers"], p.samplers)
-        sources["samplers"] = "request"
-    # logit bias: -l and --ignore-eos at the server; a request's list replaces both (server-schema.cpp:434-485)
+        if key is not None:
+            setattr(p, s.attr, _clamped(key, _request_number(body, key, s.kind), s.attr))
+            sources[s.attr] = "request"
+    for attr, rule in _OWN_RULES.items():
+        if body.get(attr) is not None or (attr == "samplers" and attr in body):
+            v = rule(body, p)
+            if v is not None:
+                setattr(p, attr, v)
+                sources[attr] = "request"
+    _logit_bias(body, defaults, p, sources)
+    p.n_probs = requested_n_probs(endpoint, body)
+    p.post_sampling_probs = bool(body.get("post_sampling_probs"))
+    n_predict, sources["n_predict"] = _n_predict(body, defaults)
+    stop, sources["stop"] = _stop(body, defaults)
+    p.temp = _c_float(p.temp) if p.temp == p.temp else p.temp
+    eff = Effective(p, n_predict, stop, None, sources)
+    return reconcile(eff, echo) if echo else eff
+
+
+def _clamped(key: str, v: float, attr: str) -> float:
+    """A request number inside what the server takes: out-of-range values are clamped, or refused
+    where the server refuses them (_CLAMP)."""
+    lo, hi, hard = _CLAMP.get(attr, (-math.inf, math.inf, False))
+    if lo <= v <= hi:
+        return v
+    if hard:
+        raise TranscriptError(f"\"{key}\" {v} is outside what the server accepts ({lo} to {hi})")
+    return min(max(v, lo), hi)
+
+
+def _logit_bias(body: Mapping, defaults: Layer, p: SamplingParams, sources: dict[str, str]) -> None:
+    """-l and --ignore-eos at the server; a request's list replaces both, and its ignore_eos adds the
+    end-of-generation biases again (server-schema.cpp:434-485)."""
     p.logit_bias = parse_logit_bias(defaults["logit_bias"][0], cli=True)
     sources["logit_bias"] = defaults["logit_bias"][1]
     p.eog_bias = bool(defaults["ignore_eos"][0])
@@ -429,35 +474,30 @@ def effective(endpoint: str, body: Mapping, defaults: Layer, *, echo: Mapping | 
         sources["logit_bias"] = sources["eog_bias"] = "request"
     if body.get("ignore_eos") is True:
         p.eog_bias, sources["eog_bias"] = True, "request"
-    p.n_probs = requested_n_probs(endpoint, body)
-    p.post_sampling_probs = bool(body.get("post_sampling_probs"))
-    key = _first(body, ("min_keep",))
-    if key:
-        v = _request_number(body, key, "int")
-        if v < 0:
-            raise TranscriptError("\"min_keep\" must not be negative")
-        p.min_keep, sources["min_keep"] = v, "request"
-    # generation limits
+
+
+def _n_predict(body: Mapping, defaults: Layer) -> tuple[int, str]:
+    """The request's n_predict (or max_tokens...), -1 keeping the server's -n (server-context.cpp:1950-1951)."""
     key = _first(body, BY_ATTR["n_predict"].request)
-    n_predict, sources["n_predict"] = server_n_predict, defaults["n_predict"][1]
     if key is not None:
         v = _request_number(body, key, "int")
         if not -1 <= v < INT32:
             raise TranscriptError(f"\"{key}\" {v} is outside what the server accepts (-1 and up)")
-        if v != -1:  # -1 keeps the server's -n (server-context.cpp:1950-1951)
-            n_predict, sources["n_predict"] = v, "request"
-    stop = tuple(defaults["antiprompt"][0] or ())
-    sources["stop"] = defaults["antiprompt"][1]
+        if v != -1:
+            return v, "request"
+    return defaults["n_predict"]
+
+
+def _stop(body: Mapping, defaults: Layer) -> tuple[tuple[str, ...], str]:
+    """The request's stop strings; an empty list falls back to the server's -r (server-schema.cpp:499-502)."""
     if body.get("stop") is not None:
         requested = body["stop"]
         requested = [requested] if isinstance(requested, str) else requested
         if not isinstance(requested, list) or not all(isinstance(x, str) for x in requested):
             raise TranscriptError("\"stop\" must be a string or a list of strings")
-        if requested:  # an empty list falls back to the server's -r (server-schema.cpp:499-502)
-            stop, sources["stop"] = tuple(requested), "request"
-    p.temp = _c_float(p.temp) if p.temp == p.temp else p.temp
-    eff = Effective(p, n_predict, stop, None, sources)
-    return reconcile(eff, echo) if echo else eff
+        if requested:
+            return tuple(requested), "request"
+    return tuple(defaults["antiprompt"][0] or ()), defaults["antiprompt"][1]
 
 
 # --- layer 5: the server's own echo -----------------------------------------------------------

@@ -1,4 +1,9 @@
-"""Evaluate the target over a transcript's tokens with the server's decode schedule.
+"""Evaluate the target over a transcript's tokens with the server's decode schedule: the truth.
+
+The truth of a generated token is what an unspeculating server reports for it: the prompt in the
+server's prompt batches, then one decode per generated token, the token's values read from the row
+that scored it. recover writes it and compares with it; trace's verify-row values (loop/loop.py) are
+the other schedule, what a patched speculating server sends (docs/architecture.md).
 
 Why the schedule matters (docs/numerics.md): on CPU the matmul kernel
 depends on the batch's row count, so teacher-forcing prompt + completion in one

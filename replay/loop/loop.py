@@ -17,8 +17,10 @@ One request on a fresh single-slot server (`-np 1`), as tools/server/server-cont
                EOG); the rest of a step's tokens are dropped once one stops generation :4350-4368
     no draft   a normal step: [sampled] alone, one sample (real probabilities)
 
-Every emitted token carries the values a fixed server would report: the pre-sampling softmax
-of the verify row that scored it, and the post-sampling candidates of the target chain there.
+Every emitted token carries its verify-row values, the ones a fixed server would report: the
+pre-sampling softmax of the verify row that scored it, and the post-sampling candidates of the
+target chain there. They are not recover's truth (one decode per token, evaluation/walk.py): the
+verify batches' numerics differ (docs/architecture.md, "The truth, and the other schedule").
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ EMPTY_Q = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32))  # a draf
 
 @dataclass
 class Emitted:
-    """One token the server emitted, with the values a fixed server would report for it."""
+    """One token the server emitted, with its verify-row values (what a fixed server would report)."""
 
     index: int
     id: int
@@ -517,7 +519,9 @@ class SpeculativeLoop:
 
     def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray, *, n_before: int,
              n_step: int, how: tuple[int, str] = (0, "sampled")) -> bool:
-        """Record one emitted token with its true values; False when generation stops after it
+        """Record one emitted token with its verify-row values (what a server patched to report real
+        probabilities sends; recover's truth is evaluation/walk.py's: docs/architecture.md, "The truth");
+        False when generation stops after it
         (process_token, server-context.cpp:1966-2095: stop strings, the context, n_predict, EOG).
         `n_before` tokens were emitted before this step, which verified `n_step` (Limits.context_full)."""
         logprob, top = pre_sampling(logits, tok, self.n_probs)

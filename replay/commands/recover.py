@@ -50,7 +50,7 @@ class RecoverOptions:
     """How recover evaluates, besides the server's own settings (settings.ContextConfig)."""
 
     tolerance: float = DEFAULT_TOLERANCE
-    batch_bound: float = BATCH_BOUND  # compare.judge_numerics
+    batch_bound: float = BATCH_BOUND  # comparison/values.py judge_numerics
     server_backend: str | None = None  # --server-backend: what the server computed on, when no flag says
     build: int | None = None  # --build N: the server's llama.cpp build, over the transcript's build_info
     source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)

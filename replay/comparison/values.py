@@ -136,7 +136,7 @@ def _finite(x: float) -> float | None:
 
 def compare(t: Truth, entry: dict | None, *, post: bool, n_probs: int, tolerance: float, speculative: bool,
             piece: Callable[[int], str], missing_reason: str) -> TokenReport:
-    """Classify one token (report.py's statuses). `entry` is the server's entry for it (None: it
+    """Classify one token (the statuses above). `entry` is the server's entry for it (None: it
     sent none; `missing_reason` says why); `speculative`: the server ran its speculative loop."""
     true_lp, true_top = true_values(t, post)
     top_json = [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in true_top]

@@ -4,6 +4,5 @@
     verify.py       the two verification rules (sample-and-match, rejection), pure
     drafters.py     the n-gram drafters and the table that builds every drafter from the flags
     draft_model.py  draft-simple: the draft model's context and sampler
-    eras.py         loop shapes by build era
-    replayable.py   what a shape can replay
+    replayable.py   what a loop shape can replay (the shapes: builds/loop_shapes.py)
 """

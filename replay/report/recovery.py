@@ -22,7 +22,7 @@ class RecordReport:
     error: str | None = None
     notes: list[str] = field(default_factory=list)  # gaps that no token row can show
     prompt_tokens: int = 0
-    reused_prompt_tokens: int = 0  # KV positions kept from the previous record (prefix.plan_prefix)
+    reused_prompt_tokens: int = 0  # KV positions kept from the previous record (schedule/prefix.py plan_prefix)
     prefix: str = "fresh"  # how: "fresh", "shared prefix", "server cache" or "server cache (rebuilt)"
     prefix_note: str | None = None  # prefix.Prefix.note: why the server's cache state could not be rebuilt exactly
     settings: list[tuple[str, Any, str]] = field(default_factory=list)  # (setting, value, where it came from)
@@ -33,10 +33,10 @@ class RecordReport:
     server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
     cpu: dict | None = None  # commands/kernel_choice.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
-    cause: str | None = None  # compare.numerics_cause: why its values may differ from a one-request replay
-    weighted_diff: float | None = None  # compare.judge_numerics: weighted |server - true| of the real values
+    cause: str | None = None  # comparison/values.py numerics_cause: why its values may differ from a one-request replay
+    weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
-    schedule: dict | None = None  # recover.schedule_of: the prompt batches and checkpoints replayed
+    schedule: dict | None = None  # schedule/memory.py schedule_of: the prompt batches and checkpoints replayed
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}

@@ -7,7 +7,7 @@ request: timings.cache_n), so the file is cut into chains that keep such records
 chain resumed in the middle is warmed up from its start; the output is then the same bytes as one
 process's.
 
-    shards.py   which records travel together (pure)
+    (transcripts/chains.py says which records travel together, pure)
     worker.py   one evaluator: the model loaded once, records recovered by index
     local.py    N worker processes on this machine (--workers N)
     ray_pool.py the same work on Ray actors (--ray ADDRESS), retried when an actor dies

@@ -4,7 +4,7 @@ the file.
 The same object serves a local worker process (local.py) and a Ray actor (ray_pool.py). It parses the
 transcript text itself (what travels is the text, once, not Python objects), chooses the driver's
 libllama before loading anything, and recovers each unit's records in order in one context, so that
-a record served from the server's cache follows the record that filled it (shards.py). For
+a record served from the server's cache follows the record that filled it (transcripts/chains.py). For
 `trace --workers` (Job.trace set) it traces them instead, each unit from an empty server slot
 (commands/trace_state.py says which records share one).
 """

@@ -56,11 +56,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _no_build_unless_marked(request, monkeypatch):
+def _no_build_unless_marked(request, monkeypatch, tmp_path_factory):
     """In a test not marked `build`, any attempt to build llama.cpp fails instead of building, and
     the server's own request parsing (spec-replay-request, built with a tree) is not at hand: such a
-    test runs the same whether or not an earlier test built something."""
-    if request.node.get_closest_marker("build") is None:
+    test runs the same whether or not an earlier test built something. A quick-tier test (no
+    `build`, `model` or `live_server`) also gets an empty cache root, for its subprocesses too: the
+    CLI it runs finds no build there (no CPU variants to probe, no build's own libllama), as on a
+    machine where nothing was built."""
+    marks = {m for m in ("build", "model", "live_server") if request.node.get_closest_marker(m) is not None}
+    if not marks:
+        monkeypatch.setenv("SPEC_REPLAY_CACHE", str(tmp_path_factory.mktemp("empty-cache")))
+    if "build" not in marks:
         from replay.llamacpp import build
         from replay.tokens import server_view
 

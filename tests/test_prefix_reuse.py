@@ -70,14 +70,14 @@ def test_cells_computed_another_way_are_rebuilt_not_kept(smollm2):
     from replay.runtime.llama import Context, Model
     from replay.schedule.memory import SlotMemory
     from replay.schedule.prompt import CheckpointRules
-    from replay.transcripts.plan import Known, Slot
+    from replay.transcripts.plan import EntryPlace, Known
     keep, rebuild = Prefix(512, "shared prefix"), Prefix(512, "server cache (rebuilt)")
 
     def slot(ctx):
         return SlotMemory(ctx, CheckpointRules(False), n_swa=0)
     with Model(smollm2) as m:
         prompt = m.tokenize(SYSTEM, add_special=True, parse_special=False)[:600]
-        gen = [Known(t, Slot()) for t in m.tokenize(" yes, of course", add_special=False, parse_special=False)]
+        gen = [Known(t, EntryPlace()) for t in m.tokenize(" yes, of course", add_special=False, parse_special=False)]
         with Context(m, n_ctx=1024) as fresh:
             want = [l.copy() for *_, l in walk(slot(fresh), prompt, gen, prefix=keep)]
         with Context(m, n_ctx=1024) as ctx:

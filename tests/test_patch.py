@@ -110,7 +110,7 @@ def test_patched_server_reports_what_trace_predicts_everywhere(patched_b11434, b
 @pytest.mark.live_server
 def test_without_probabilities_the_patch_changes_nothing(patched_b11434, b11434, smollm2, smollm2_draft):
     setups = default_setups(smollm2, smollm2_draft, models.tiny_target(), models.tiny_draft())
-    rows = check_no_probs(patched_b11434, b11434, setups, seeds=range(1, 11))
+    rows = check_no_probs(patched_b11434, b11434, setups, seeds=range(1, 6))
     assert [r.problems for r in rows] == [[]] * len(setups)
     assert all(r.tokens > 0 for r in rows)
 

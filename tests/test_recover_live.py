@@ -126,12 +126,13 @@ def test_real_values_come_out_ok_and_unchanged(plain_server, smollm2, tmp_path):
 
 
 def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
-    """Peak RSS of recovering 2,000 tokens stays within 1.2x of recovering 200 (no N x vocab arrays)."""
+    """Peak RSS of recovering 1,000 tokens stays within 1.2x of recovering 200 (an N x vocab float32 array
+    would add 190 MB for 1,000 tokens of SmolLM2's 49,152-token vocabulary)."""
     import subprocess
     import sys
     paths = {}
     with LlamaServer(ServerConfig(smollm2, n_ctx=4096), binary=b11434.server) as srv:
-        for n in (200, 2000):
+        for n in (200, 1000):
             body = {"prompt": "Once upon a time", "n_predict": n, "n_probs": 1, "temperature": 1, "seed": 5,
                     "ignore_eos": True}
             t = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
@@ -144,8 +145,8 @@ def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     rss = {n: int(subprocess.run([sys.executable, "-c", probe, str(p), str(smollm2), str(n)], check=True,
                                  capture_output=True, text=True).stdout.split()[-1]) for n, p in paths.items()}
-    print(f"\npeak RSS: 200 tokens {rss[200] / 1024:.0f} MiB, 2000 tokens {rss[2000] / 1024:.0f} MiB")
-    assert rss[2000] <= 1.2 * rss[200]
+    print(f"\npeak RSS: 200 tokens {rss[200] / 1024:.0f} MiB, 1000 tokens {rss[1000] / 1024:.0f} MiB")
+    assert rss[1000] <= 1.2 * rss[200]
 
 
 def _fixture_names() -> list[str]:

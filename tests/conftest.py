@@ -6,8 +6,9 @@ Tiers, by marker (pyproject.toml):
     live_server   starts a real llama-server
     model         needs a real model: SmolLM2 or Gemma 3 (fetched into the cache on first use)
 
-`pytest -m "not build and not live_server and not model"` is the quick tier: it builds and
-downloads nothing. The fixtures below enforce the markers: a test that uses a build, a server
+`pytest -m "not build and not live_server and not model and not ray and not processes"` is the
+quick tier (about a minute): it builds and downloads nothing, and starts no Ray head and no worker
+processes (`ray` and `processes` tests also build nothing, and run in the default suite). The fixtures below enforce the markers: a test that uses a build, a server
 or SmolLM2 without carrying the marker fails, so the quick tier cannot silently grow heavy.
 
 Servers are fresh for every test that uses one (`plain_server`, `self_draft_server`,

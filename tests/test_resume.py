@@ -20,6 +20,8 @@ import pytest
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
 
+pytestmark = pytest.mark.processes
+
 N_RECORDS = 120
 
 

@@ -22,6 +22,8 @@ from replay.paths import FIXTURES
 from replay.runtime.llama import Model
 from replay.transcripts.readers import read_text
 
+pytestmark = pytest.mark.processes
+
 N_RECORDS = 24
 
 

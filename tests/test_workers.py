@@ -24,6 +24,8 @@ from replay.llamacpp.models import tiny_target
 from replay.transcripts.chains import SHARED_CHARS, Unit, chains, plan_units
 from replay.transcripts.readers import Record
 
+pytestmark = pytest.mark.processes
+
 N_RECORDS = 48
 
 

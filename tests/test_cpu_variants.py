@@ -243,7 +243,7 @@ def _filled_diff(spec: Path, fixed: Path, plain: list[dict]) -> tuple[float, int
         for a, x, y in zip(record_entries(s), record_entries(f), record_entries(read_text(json.dumps(p), "p")[0])):
             if x.id != y.id:
                 break
-            if not a.top and a.logprob == 0.0:
+            if a.is_placeholder:
                 n += 1
                 worst = max([worst, abs(x.logprob - y.logprob)] + [abs(u[2] - v[2]) for u, v in zip(x.top, y.top)])
     return worst, n

@@ -30,6 +30,7 @@ from replay.comparison.divergence import (
     explain_rejection,
     explain_sampled,
     measured_noise,
+    possibly_ahead,
 )
 from replay.errors import ModelError, TranscriptError, located
 from replay.loop.loop import Emitted, SpeculativeLoop, Step
@@ -266,15 +267,14 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
 def _decisive(e, theirs: int, cands: tuple[np.ndarray, np.ndarray] | None, noise: float) -> set[int]:
     """The tokens whose values decide whether the server could have picked `theirs` where the trace
     picked e.id: both tokens, and for a draw (`cands` given) every candidate that may sit ahead of the server's in the
-    order (p >= p_theirs e^(-2 noise): explain_sampled)."""
+    order (possibly_ahead)."""
     out = {int(e.id), int(theirs)}
     if cands is not None:
         ids, p = cands
         where = np.nonzero(ids == theirs)[0]
         if len(where) == 0:
             return out | {-1}  # the server's token is not among the candidates: nothing it sent covers that
-        floor = float(p[where[0]]) * math.exp(-2 * noise)
-        out |= {int(t) for t, v in zip(ids, p) if v >= floor}
+        out |= {int(t) for t in ids[possibly_ahead(p, float(p[where[0]]), noise)]}
     return out
 
 

@@ -53,6 +53,17 @@ def dist_draw(seed: int, ordinal: int) -> float:
     return u
 
 
+def possibly_ahead(p: np.ndarray, pt: float, noise: float) -> np.ndarray:
+    """Which candidates may sit ahead of a token of probability `pt` in the server's array when every
+    logit is off by up to `noise` nats: those within e^(2 noise) of it or above (a near tie in the
+    order may swap the two).
+
+    >>> possibly_ahead(np.array([0.5, 0.3, 0.1]), 0.3, 0.05).tolist()
+    [True, True, False]
+    """
+    return p >= pt / math.exp(2 * noise)
+
+
 def explain_sampled(ids: np.ndarray, p: np.ndarray, u: float, ours: int, theirs: int, noise: float) -> Explanation:
     """Whether a numeric difference of `noise` nats could have put the draw u in the server's token.
 
@@ -75,7 +86,7 @@ def explain_sampled(ids: np.ndarray, p: np.ndarray, u: float, ours: int, theirs:
     pt, f = float(p64[jb]), math.exp(2 * noise)
     others = np.arange(len(p64)) != jb
     ahead = float(p64[others & (p64 > pt * f)].sum())
-    maybe = float(p64[others & (p64 >= pt / f)].sum())
+    maybe = float(p64[others & possibly_ahead(p64, pt, noise)].sum())
     lo, hi = _odds_moved(ahead, -2 * noise), _odds_moved(maybe + pt, 2 * noise)
     start = cum[jb - 1] if jb else 0.0
     margin = max(start - u, u - cum[jb], 0.0)

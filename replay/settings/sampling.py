@@ -403,15 +403,23 @@ def _min_keep(body: Mapping, p: SamplingParams) -> Any:
     return v
 
 
+def _samplers(body: Mapping, p: SamplingParams) -> Any:
+    """"samplers" counts as given when present at all: a null or another type keeps the server's
+    chain, and is still the request's (server-schema.cpp)."""
+    return _samplers_field(body["samplers"], p.samplers)
+
+
 # request fields read by a rule of their own, not as a plain clamped number of the table
-# (tools/server/server-schema.cpp); a rule returns the value, or None to keep the server's
+# (tools/server/server-schema.cpp): a rule runs when its field is given (not null; "samplers":
+# present) and returns the value, or None to keep the server's
 _OWN_RULES: dict[str, Callable[[Mapping, SamplingParams], Any]] = {
     "dry_base": _dry_base,
     "dry_sequence_breakers": _dry_sequence_breakers,
     "seed": _seed,
-    "samplers": lambda body, p: _samplers_field(body["samplers"], p.samplers),
+    "samplers": _samplers,
     "min_keep": _min_keep,
 }
+_GIVEN_WHEN_PRESENT = {"samplers"}
 # request fields that are not sampling parameters, or that interact (read below)
 _NOT_PARAMS = {"n_predict", "logit_bias", "antiprompt", "grammar", "json_schema", "ignore_eos"}
 
@@ -436,7 +444,7 @@ def effective(endpoint: str, body: Mapping, defaults: Layer, *, echo: Mapping | 
             setattr(p, s.attr, _clamped(key, _request_number(body, key, s.kind), s.attr))
             sources[s.attr] = "request"
     for attr, rule in _OWN_RULES.items():
-        if body.get(attr) is not None or (attr == "samplers" and attr in body):
+        if body.get(attr) is not None or (attr in _GIVEN_WHEN_PRESENT and attr in body):
             v = rule(body, p)
             if v is not None:
                 setattr(p, attr, v)

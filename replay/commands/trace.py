@@ -154,14 +154,14 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
 
 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
-             shape: Shape, draft: Model | None, n_probs: int, recorded: Plan | None = None,
+             shape: Shape, draft_model: Model | None, n_probs: int, recorded: Plan | None = None,
              timings: dict | None = None, server_state: dict | None = None, stream: bool = False,
              spans: MessageSpans = NO_SPANS, recorded_flags: dict | None = None,
              cached: int | None = None) -> TraceResult:
     """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
     emits (compare_with_plan)."""
     loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era, n_ctx=context_size(ctx),
-                           draft=draft, n_probs=n_probs, threads=thread_count(ctx),
+                           draft_model=draft_model, n_probs=n_probs, threads=thread_count(ctx),
                            n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, flash_attn=ctx.flash_attn,
                            type_k=ctx.cache_type_k, type_v=ctx.cache_type_v, swa_full=ctx.swa_full,
                            server_state=server_state, kv=kv_layout(ctx, recorded_flags),
@@ -320,7 +320,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     _check_ids(prompt, target, "prompt")
     spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
-    draft = drafts.get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
+    draft_model = drafts.get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace",
                                 rebuilt=view.rebuilt if view else None)
     recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
@@ -328,7 +328,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     timings = final.get("timings")
     if isinstance(timings, dict):
         timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-    res = run_loop(target, prompt, settings, spec, ctx, shape=shape, draft=draft,
+    res = run_loop(target, prompt, settings, spec, ctx, shape=shape, draft_model=draft_model,
                    n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
                    server_state=server_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
                    recorded_flags=rec.flags, cached=n_prompt_cached(final))
@@ -339,7 +339,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
         res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
     elif res.reproduced is False:
-        res.notes.append(drafts_differ(res, draft is not None))
+        res.notes.append(drafts_differ(res, draft_model is not None))
     return res
 
 
@@ -383,10 +383,10 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     ids = target.tokenize(prompt, add_special=True, parse_special=True)
     spec = resolve("speculative", flags=flags)
     ctx = resolve("context", flags=flags)
-    draft = (drafts or Drafts()).get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
+    draft_model = (drafts or Drafts()).get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
-    return run_loop(target, ids, settings, spec, ctx, shape=shape, draft=draft, n_probs=5)
+    return run_loop(target, ids, settings, spec, ctx, shape=shape, draft_model=draft_model, n_probs=5)
 
 
 def _check_ids(ids: Sequence[int], target: Model, what: str) -> None:

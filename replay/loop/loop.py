@@ -181,11 +181,11 @@ class HeldMemory:
     ckpt_dft: bool
 
     @staticmethod
-    def make(key: tuple, target: Model, ctx_kw: dict, draft: Model | None, draft_kw: dict,
+    def make(key: tuple, target: Model, ctx_kw: dict, draft_model: Model | None, draft_kw: dict,
              checkpoints: tuple[int, int | None], swa_full: bool, build: int | None) -> "HeldMemory":
         ctx = Context(target, **ctx_kw)
         ckpt_tgt = not ctx.removes_suffixes()
-        dctx = Context(draft, **draft_kw) if draft is not None else None
+        dctx = Context(draft_model, **draft_kw) if draft_model is not None else None
         ckpt_dft = dctx is not None and not dctx.removes_suffixes()
         rules = checkpoint_rules(target, not ckpt_tgt, n_ctx_checkpoints=checkpoints[0], min_step=checkpoints[1],
                                  swa_full=swa_full, build=build)
@@ -227,12 +227,12 @@ class SpeculativeLoop:
     """
 
     def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era, n_ctx: int,
-                 draft: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
+                 draft_model: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
                  n_ubatch: int = 512, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
                  swa_full: bool = False, server_state: dict | None = None, kv: tuple[int, bool] = (1, False),
                  checkpoints: tuple[int, int | None] = (32, None), spans: MessageSpans = NO_SPANS,
                  build: int | None = None, cached: int | None = None):
-        check_replayable(spec, era, has_draft_model=draft is not None)
+        check_replayable(spec, era, has_draft_model=draft_model is not None)
         self.era = era
         params = settings.params
         if params.seed == LLAMA_DEFAULT_SEED:
@@ -259,28 +259,28 @@ class SpeculativeLoop:
                                   single_draw=era.single_draw)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
         types = [t for t in spec.spec_types if t != "none"]
-        if era.md_auto_draft and draft is not None and "draft-simple" not in types:
+        if era.md_auto_draft and draft_model is not None and "draft-simple" not in types:
             # b9246..b9453: "'draft' speculative type is not explicitly enabled - enabling it"
             types.append("draft-simple")
             self.notes.append(f"-md without --spec-type draft-simple: {era.describe()} enables draft-simple itself")
-        why = compatibility(target, draft) if draft is not None and "draft-simple" in types else None
+        why = compatibility(target, draft_model) if draft_model is not None and "draft-simple" in types else None
         if why is not None:
             # the server logs "the target and draft vocabs are not compatible" and speculates not at all
-            self.notes.append(f"the server cannot draft with {draft.path.name} ({why}), so it ran without "
+            self.notes.append(f"the server cannot draft with {draft_model.path.name} ({why}), so it ran without "
                               "speculation (common_speculative_are_compatible); so does this trace")
-            types, draft = [], None
+            types, draft_model = [], None
         elif not types:
             self.notes.append("no speculative type: the server did not speculate (from b9464 it speculates only "
                               "with --spec-type; -md alone loads the draft and never drafts); traced without drafting")
         slot = server_state if server_state is not None else {}
-        key = (str(target.path), tuple(sorted(ctx_kw.items())), str(draft.path) if draft is not None else None,
+        key = (str(target.path), tuple(sorted(ctx_kw.items())), str(draft_model.path) if draft_model is not None else None,
                tuple(sorted(draft_kw.items())), checkpoints, build)
         held = slot.get(MEMORY)
         self.continued = held is not None and held.key == key
         if not self.continued:
             if held is not None:
                 held.close()
-            held = HeldMemory.make(key, target, ctx_kw, draft, draft_kw, checkpoints, swa_full, build)
+            held = HeldMemory.make(key, target, ctx_kw, draft_model, draft_kw, checkpoints, swa_full, build)
             if server_state is not None:
                 slot[MEMORY] = held
         self.held, self.owns_memory = held, server_state is None
@@ -288,9 +288,9 @@ class SpeculativeLoop:
         # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
         # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
         self.ckpt_tgt, self.ckpt_dft = held.ckpt_tgt, held.ckpt_dft
-        self.draft = (DraftContext(draft, held.memory.draft, era, params.temp, params.seed, slot)
-                      if draft is not None else None)
-        self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft,
+        self.draft_ctx = (DraftContext(draft_model, held.memory.draft, era, params.temp, params.seed, slot)
+                          if draft_model is not None else None)
+        self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft_ctx,
                                                      server_state=slot, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
         self.text = b""
@@ -399,7 +399,7 @@ class SpeculativeLoop:
 
     def draft_step(self, pos0: int) -> tuple[list[int], Drafter | None, list | None]:
         """Drafting, on a checkpointed target after saving both contexts' states (:3262-3307)."""
-        dft_state = self.draft.ctx.save_partial() if self.draft is not None and self.ckpt_dft else None
+        dft_state = self.draft_ctx.ctx.save_partial() if self.draft_ctx is not None and self.ckpt_dft else None
         draft, drafter, q = self.draft_tokens(pos0, dft_state)
         self.n_draft += len(draft)
         self.checkpoint = Checkpoint(self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)
@@ -420,10 +420,10 @@ class SpeculativeLoop:
         the chain and the rejection RNG to `before` (:4282-4311); nothing is emitted."""
         self.ctx.load_partial(self.checkpoint.target)
         self.ctx.seq_rm(0, pos0, -1)
-        if self.draft is not None:
+        if self.draft_ctx is not None:
             if self.checkpoint.draft is not None:
-                self.draft.ctx.load_partial(self.checkpoint.draft)
-            self.draft.ctx.seq_rm(0, pos0, -1)
+                self.draft_ctx.ctx.load_partial(self.checkpoint.draft)
+            self.draft_ctx.ctx.seq_rm(0, pos0, -1)
         self.chain.restore(before.chain)
         self.rng = before.rng
 
@@ -449,17 +449,17 @@ class SpeculativeLoop:
                     # rows of nothing, and verifies it by rejection (builds/loop_shapes.py q_trim_bug)
                     q = [EMPTY_Q] * n_max
                 break
-        if self.draft is not None:
+        if self.draft_ctx is not None:
             if dft_state is not None:  # a draft model that cannot drop a suffix goes back to its checkpoint
-                self.draft.ctx.load_partial(dft_state)
-            self.draft.ctx.seq_rm(0, pos0, -1)
+                self.draft_ctx.ctx.load_partial(dft_state)
+            self.draft_ctx.ctx.seq_rm(0, pos0, -1)
         return draft, drafter, q
 
     def decode(self, tokens: list[int], pos0: int) -> None:
         """The target batch (outputs on every row) and its mirror in the draft context (last row)."""
         self.ctx.decode(tokens, pos0, [True] * len(tokens))
-        if self.draft is not None:
-            self.draft.ctx.decode(tokens, pos0, [False] * (len(tokens) - 1) + [True])
+        if self.draft_ctx is not None:
+            self.draft_ctx.ctx.decode(tokens, pos0, [False] * (len(tokens) - 1) + [True])
 
     def verify_rejection(self, draft: list[int], q: list) -> Verified:
         """common_sampler_sample_and_accept_n_rejection (common/sampling.cpp:732-836)."""
@@ -514,8 +514,8 @@ class SpeculativeLoop:
     def trim(self, keep: int) -> None:
         """Positions from `keep` on (rejected drafts) leave both KV caches (:4342-4348)."""
         self.ctx.seq_rm(0, keep, -1)
-        if self.draft is not None:
-            self.draft.ctx.seq_rm(0, keep, -1)
+        if self.draft_ctx is not None:
+            self.draft_ctx.ctx.seq_rm(0, keep, -1)
 
     def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray, *, n_before: int,
              n_step: int, how: tuple[int, str] = (0, "sampled")) -> bool:

@@ -259,7 +259,7 @@ def _trace_seed(args: tuple[list[int], str, int]) -> tuple[int, tuple[int, ...]]
     ids, sampling, seed = args
     spec = resolve("speculative", flags={"spec_types": ("draft-simple",), "draft_sampling": sampling})
     loop = SpeculativeLoop(_worker["target"], ids, _settings(seed), spec, era=NEWEST, n_ctx=N_CTX,
-                           draft=_worker["draft"], threads=1)
+                           draft_model=_worker["draft"], threads=1)
     try:
         for _step in loop.steps():
             if len(loop.emitted) >= 2:

@@ -15,18 +15,39 @@
 
 Messages are one line and name the thing at fault (file and record, URL and
 status), so a user can act on them without a traceback.
+
+Exit codes, the same for every command (`Exit`): 0 done, 1 the check failed (placeholders
+found, the replay disagrees with the server, not reproduced), 2 a usage error (click's),
+3 could not tell or could not run (every SpecReplayError), 70 a bug, 130 interrupted.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 from typing import Iterator
 
 
-class SpecReplayError(Exception):
-    """Base class: caught at the CLI edge and shown as a one-line error."""
+class Exit(enum.IntEnum):
+    """Process exit codes of every spec-replay command (docs/cli.md lists them).
 
-    exit_code = 1
+    >>> [int(e) for e in Exit]
+    [0, 1, 2, 3, 70, 130]
+    """
+
+    OK = 0           # done: every probability real, written, reproduced, verified
+    FAILED = 1       # the check failed: placeholders found, replay and server disagree, not reproduced
+    USAGE = 2        # a bad option or argument (click.UsageError's own code)
+    ERROR = 3        # could not tell / could not run: a SpecReplayError (file, model, server, build)
+    INTERNAL = 70    # a bug in spec-replay (EX_SOFTWARE): one line, SPEC_REPLAY_RAISE_ERRORS=1 for the traceback
+    INTERRUPTED = 130
+
+
+class SpecReplayError(Exception):
+    """Base class: caught at the CLI edge and shown as a one-line error (exit 3, Exit.ERROR)."""
+
+    exit_code = 3
+    detail: str | None = None  # a longer explanation: `-v` and `--json` show it
 
     def located(self, source: str, record: int | None = None) -> "SpecReplayError":
         """This error with the file (and record) in front of its message, unless it already names
@@ -57,8 +78,8 @@ class DecodeError(SpecReplayError):
     MEANING = {1: "no KV cache slot for the batch (context too small)", 2: "aborted",
                -1: "invalid batch"}
 
-    def __init__(self, code: int):
-        super().__init__(f"llama_decode returned {code}: {self.MEANING.get(code, 'fatal error')}")
+    def __init__(self, code: int, message: str | None = None):
+        super().__init__(message or f"llama_decode returned {code}: {self.MEANING.get(code, 'fatal error')}")
         self.code = code
 
 

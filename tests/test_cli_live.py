@@ -13,6 +13,7 @@ import threading
 import pytest
 from cli_helpers import one_error, run
 
+from replay.errors import Exit
 from replay.llamacpp.process import free_port
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "logprobs": True, "top_logprobs": 2,
@@ -26,7 +27,7 @@ CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "logprobs": True, 
 @pytest.mark.model
 def test_check_finds_placeholders_on_the_speculating_server(self_draft_server):
     r = run("check", self_draft_server.url, "--json")
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == Exit.FAILED, r.output
     report = json.loads(r.stdout)
     assert report["contradiction"] is True
     assert report["props_speculative"] == "none" and report["slots_speculative"] == [True]
@@ -50,14 +51,14 @@ def test_check_passes_the_plain_server(plain_server):
 @pytest.mark.model
 def test_check_table_names_the_contradiction(self_draft_server):
     r = run("check", self_draft_server.url)
-    assert r.exit_code == 1
-    assert "/props says speculation is off but /slots says it is on" in r.output
-    assert "PLACEHOLDER" in r.output
+    assert r.exit_code == Exit.FAILED
+    assert "warning: /props says speculation is off but /slots says it is on" in r.stderr  # warnings: stderr
+    assert "warning" not in r.stdout and "PLACEHOLDER" in r.stdout
 
 
 def test_check_unreachable_is_cannot_tell():
     r = run("check", f"http://127.0.0.1:{free_port()}")
-    assert r.exit_code == 2
+    assert r.exit_code == Exit.ERROR
     assert "cannot reach" in r.output
 
 
@@ -115,7 +116,7 @@ def test_record_jsonl_reports_a_bad_line_and_keeps_going(self_draft_server, tmp_
     reqs.write_text(json.dumps(CHAT) + "\n{not json\n" + json.dumps({**CHAT, "seed": 4}) + "\n")
     out = tmp_path / "runs.jsonl"
     r = run("record", self_draft_server.url, "--requests", reqs, "-o", out)
-    assert r.exit_code == 1
+    assert r.exit_code == Exit.ERROR
     assert "line 2: invalid JSON" in one_error(r)
     lines = out.read_text().splitlines()
     assert [json.loads(l)["request"]["seed"] for l in lines] == [3, 4]
@@ -150,5 +151,5 @@ def test_record_non_llama_server(not_llama_server, tmp_path):
 
 def test_check_non_llama_server(not_llama_server):
     r = run("check", not_llama_server)
-    assert r.exit_code == 2
+    assert r.exit_code == Exit.ERROR
     assert "is not a llama.cpp server" in r.output

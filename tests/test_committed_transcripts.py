@@ -18,6 +18,7 @@ import json
 import pytest
 from cli_helpers import clean_exit, one_error, run, same_repair
 
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
 
@@ -75,7 +76,7 @@ def test_a_stream_is_compared_chunk_by_chunk(tmp_path):
     t["events"] = [json.dumps(e) if isinstance(e, dict) else e for e in events]
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
-    res = json.loads(run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--json").output)
+    res = json.loads(run("trace", p, "-m", tiny_target(), "-md", tiny_draft(), "--json").stdout)
     assert res["reproduced"] is False and res["compared"] == "text" and res["first_divergence"] == 3
 
 
@@ -100,10 +101,10 @@ def test_first_divergence_shows_both_sides(tmp_path):
     p.write_text(json.dumps(t))
     args = ["trace", p, "-m", tiny_target(), "-md", tiny_draft()]
     r = run(*args)
-    assert r.exit_code == 1 and clean_exit(r)
+    assert r.exit_code == Exit.FAILED and clean_exit(r)
     assert "first divergence at token 0" in r.output
     assert "trace candidates" in r.output and "server candidates (logprob)" in r.output
-    res = json.loads(run(*args, "--json").output)
+    res = json.loads(run(*args, "--json").stdout)
     assert res["reproduced"] is False and res["first_divergence"] == 0
     assert len(res["server_candidates_at_divergence"]) == 3
 
@@ -164,6 +165,6 @@ def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_an
     p.write_text(json.dumps(t))
     r = run("trace", p, "-m", tiny_target(), "--json")
     res = json.loads(r.stdout)
-    assert r.exit_code == 1 and res["first_divergence"] is None  # sample-and-match emits the plain tokens
+    assert r.exit_code == Exit.FAILED and res["first_divergence"] is None  # sample-and-match emits the plain tokens
     assert res["draft_n"] == 0 and res["server_draft_n"] == 36
     assert any("pass its --spec-type" in n for n in res["notes"])

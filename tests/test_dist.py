@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.proof.distribution import Lab, example_binaries, outcomes, run_lab, tv_curve, tv_noise
 
@@ -106,4 +107,4 @@ def test_dist_command_json(b11434):
 
 def test_unknown_path_is_a_usage_error():
     r = CliRunner().invoke(main, ["dist", "--paths", "a,z"])
-    assert r.exit_code == 2 and "unknown path(s): z" in r.output
+    assert r.exit_code == Exit.USAGE and "unknown path(s): z" in r.output

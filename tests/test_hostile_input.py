@@ -11,6 +11,7 @@ import json
 import pytest
 from cli_helpers import clean_exit, run
 
+from replay.errors import Exit
 from replay.evaluation.walk import PieceIndex
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
@@ -54,7 +55,7 @@ def mutated(path, value):
 ])
 def test_wrong_types_are_one_line_errors(tmp_path, path, value, expected):
     r, out = recover_cli(tmp_path, mutated(path, value))
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == Exit.ERROR, r.output
     errors = [l for l in r.output.splitlines() if l.startswith("Error:")]
     assert len(errors) == 1 and expected in errors[0] and "record 1" in errors[0], r.output
     assert not out.exists()
@@ -63,14 +64,14 @@ def test_wrong_types_are_one_line_errors(tmp_path, path, value, expected):
 def test_infinite_logprob_is_rejected_not_written_as_Infinity(tmp_path):
     text = json.dumps(BASE).replace('"logprob": 0.0', '"logprob": -1e400', 1)
     r, out = recover_cli(tmp_path, text)
-    assert r.exit_code == 1 and "finite" in r.output and not out.exists()
+    assert r.exit_code == Exit.ERROR and "finite" in r.output and not out.exists()
 
 
 def test_a_disagreeing_real_value_writes_nothing(tmp_path):
     t = mutated(("response", "completion_probabilities", 0, "logprob"), -0.5)  # the real first value, tampered
     r, out = recover_cli(tmp_path, t)
-    assert r.exit_code == 1
-    assert "disagree with real values" in r.output and "nothing written" in r.output
+    assert r.exit_code == Exit.FAILED
+    assert "disagree with the server's real values" in r.output and "nothing written" in r.output
     assert not out.exists()
 
 
@@ -80,7 +81,7 @@ def test_in_place_failure_keeps_the_original(tmp_path):
     src.write_text(json.dumps(t))
     before = src.read_bytes()
     r = run(*["recover", str(src), "-m", str(tiny_target()), "--in-place"])
-    assert r.exit_code == 1 and src.read_bytes() == before
+    assert r.exit_code == Exit.FAILED and src.read_bytes() == before
 
 
 def test_in_place_through_a_symlink_repairs_the_target(tmp_path):
@@ -106,12 +107,12 @@ def test_report_cannot_be_the_output(tmp_path):
 def test_pretty_json_syntax_error_names_its_line(tmp_path):
     text = json.dumps(BASE, indent=2).replace('"endpoint"', '"endpoint" "', 1)
     r, _ = recover_cli(tmp_path, text)
-    assert r.exit_code == 1 and "invalid JSON" in r.output and "line 1:" not in r.output
+    assert r.exit_code == Exit.ERROR and "invalid JSON" in r.output and "line 1:" not in r.output
 
 
 def test_deeply_nested_json(tmp_path):
     r, _ = recover_cli(tmp_path, "[" * 100000 + "]" * 100000)
-    assert r.exit_code == 1 and r.output.startswith("Error:")
+    assert r.exit_code == Exit.ERROR and r.output.startswith("Error:")
 
 
 def test_output_in_a_missing_parent_that_is_a_file(tmp_path):
@@ -119,14 +120,14 @@ def test_output_in_a_missing_parent_that_is_a_file(tmp_path):
     src = tmp_path / "t.json"
     src.write_text(json.dumps(BASE))
     r = run(*["recover", str(src), "-m", str(tiny_target()), "-o", str(tmp_path / "file" / "o.json")])
-    assert r.exit_code == 1 and "cannot write" in r.output and clean_exit(r)
+    assert r.exit_code == Exit.ERROR and "cannot write" in r.output and clean_exit(r)
 
 
 def test_a_response_with_neither_probabilities_nor_ids(tmp_path):
     pair = {"request": {"prompt": "bcdbc", "seed": 1},
             "response": {"object": "text_completion", "choices": [{"text": "fbbbf", "finish_reason": "length"}]}}
     r, out = recover_cli(tmp_path, pair)
-    assert r.exit_code == 1 and "neither probabilities nor token ids" in r.output and not out.exists()
+    assert r.exit_code == Exit.ERROR and "neither probabilities nor token ids" in r.output and not out.exists()
 
 
 class FakePieces(PieceIndex):

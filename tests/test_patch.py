@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.errors import PatchError
+from replay.errors import Exit, PatchError
 from replay.llamacpp import models
 from replay.llamacpp.build import BuildSpec, ensure_built
 from replay.proof.patch_proof import (
@@ -57,7 +57,7 @@ def test_a_tree_with_other_code_is_refused_naming_the_function(tmp_path):
         server_patch(tree)
     (tree / SERVER_FILE).write_text(src.replace("void populate_token_probs(", "void fill_token_probs("))
     r = CliRunner().invoke(main, ["patch", "--source", str(tree)])
-    assert r.exit_code == 1
+    assert r.exit_code == Exit.ERROR
     assert r.output.strip().splitlines() == [
         f"Error: {SERVER_FILE}: cannot find populate_token_probs(); this llama.cpp version is not one "
         "spec-replay knows how to patch (b11434, 0c1e570)"]
@@ -65,11 +65,11 @@ def test_a_tree_with_other_code_is_refused_naming_the_function(tmp_path):
 
 def test_not_a_llama_cpp_tree_and_an_existing_output_are_clean_errors(tmp_path):
     r = CliRunner().invoke(main, ["patch", "--source", str(tmp_path)])
-    assert r.exit_code == 1 and "no tools/server/server-context.cpp" in r.output
+    assert r.exit_code == Exit.ERROR and "no tools/server/server-context.cpp" in r.output
     out = tmp_path / "keep.patch"
     out.write_text("mine")
-    r = CliRunner().invoke(main, ["patch", "--profile", "b11434", "-o", str(out)])
-    assert r.exit_code == 1 and "exists" in r.output
+    r = CliRunner().invoke(main, ["patch", "--build", "b11434", "-o", str(out)])
+    assert r.exit_code == Exit.ERROR and "exists" in r.output
     assert out.read_text() == "mine"
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from replay.commands.record import RequestItem, record_one
 from replay.commands.recover import recover
+from replay.errors import Exit
 from replay.llamacpp.process import ServerConfig
 from replay.schedule.prefix import Prefix, plan_prefix, reuse_points
 from replay.transcripts.format import dumps
@@ -174,7 +175,7 @@ def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tm
     p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", str(src), "-m", str(smollm2), "-o", str(out),
                         *server_cpu], capture_output=True, text=True, timeout=600)
     last = p.stderr.strip().splitlines()[-1]
-    assert p.returncode == 1 and not out.exists()
+    assert p.returncode == Exit.FAILED and not out.exists()
     assert "Traceback" not in p.stderr and last.startswith("Error: ") and "evaluated on their own" in last
 
 

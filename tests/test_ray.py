@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_command, recover_in_subprocess
 
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_target
 
 pytestmark = pytest.mark.ray
@@ -126,7 +127,7 @@ def test_a_node_without_the_model_file_gets_it_through_the_object_store(ray_head
 def test_a_cluster_that_does_not_answer_is_one_line_and_leaves_nothing(tiny_evals, tmp_path):
     port = _free_port()  # nothing listens there
     r = recover(tiny_evals, tmp_path / "out.jsonl", "--ray", f"127.0.0.1:{port}", "--workers", "2")
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == Exit.ERROR and "Traceback" not in r.stderr
     errors = [x for x in r.stderr.splitlines() if x.startswith("Error:")]
     assert len(errors) == 1 and errors[0].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")
     assert not list(tmp_path.iterdir())

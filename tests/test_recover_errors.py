@@ -7,6 +7,7 @@ import pytest
 from cli_helpers import one_error, run
 
 from replay.commands.record import RequestItem, record_one
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_target
 from replay.llamacpp.process import ServerConfig
 from replay.transcripts.format import dumps
@@ -33,7 +34,7 @@ def smol_transcripts(module_server, smollm2, tmp_path_factory):
 def test_transcript_from_another_model(smol_transcripts, tmp_path):
     out = tmp_path / "fixed.json"
     r = run("recover", smol_transcripts[False], "-m", tiny_target(), "-o", out)
-    assert r.exit_code == 1
+    assert r.exit_code == Exit.ERROR
     msg = one_error(r)
     assert f"{smol_transcripts[False]}, record 1" in msg and "another model" in msg
     assert not out.exists()
@@ -45,7 +46,7 @@ def test_transcript_from_another_model(smol_transcripts, tmp_path):
 def test_prompt_longer_than_the_context(smol_transcripts, smollm2, tmp_path):
     out = tmp_path / "fixed.json"
     r = run("recover", smol_transcripts[False], "-m", smollm2, "-o", out, "-c", "3")
-    assert r.exit_code == 1
+    assert r.exit_code == Exit.ERROR
     assert "record 1" in one_error(r) and "context holds" in one_error(r)
     assert not out.exists()
 
@@ -60,7 +61,7 @@ def test_truncated_stream(smol_transcripts, smollm2, tmp_path):
     bad.write_text(json.dumps(t))
     out = tmp_path / "fixed.json"
     r = run("recover", bad, "-m", smollm2, "-o", out)
-    assert r.exit_code == 1
+    assert r.exit_code == Exit.ERROR
     assert "record 1: the stream is truncated" in one_error(r)
     assert not out.exists()
 
@@ -72,7 +73,7 @@ def test_output_exists_is_not_overwritten(smol_transcripts, smollm2, tmp_path):
     out = tmp_path / "fixed.json"
     out.write_text("precious")
     r = run("recover", smol_transcripts[False], "-m", smollm2, "-o", out)
-    assert r.exit_code == 1 and "exists; use --force" in one_error(r)
+    assert r.exit_code == Exit.ERROR and "exists; use --force" in one_error(r)
     assert out.read_text() == "precious"
 
 
@@ -106,7 +107,7 @@ def test_unreadable_transcripts(tmp_path, content, expected):
     bad.write_text(content)
     out = tmp_path / "out.json"
     r = run("recover", bad, "-m", tiny_target(), "-o", out)
-    assert r.exit_code == 1
+    assert r.exit_code == Exit.ERROR
     msg = one_error(r)
     assert str(bad) in msg and expected in msg, msg
     assert not out.exists()
@@ -116,7 +117,7 @@ def test_missing_model_file(tmp_path):
     t = tmp_path / "t.json"
     t.write_text("{}")
     r = run("diff", t, "-m", tmp_path / "nope.gguf")
-    assert r.exit_code == 1 and "model file not found" in one_error(r)
+    assert r.exit_code == Exit.ERROR and "model file not found" in one_error(r)
 
 
 def test_not_a_gguf(tmp_path):
@@ -125,7 +126,7 @@ def test_not_a_gguf(tmp_path):
     m = tmp_path / "model.gguf"
     m.write_bytes(b"PK\x03\x04" + b"\0" * 2000)
     r = run("diff", t, "-m", m)
-    assert r.exit_code == 1 and "is not a GGUF file" in one_error(r)
+    assert r.exit_code == Exit.ERROR and "is not a GGUF file" in one_error(r)
 
 
 def test_truncated_gguf(tmp_path):
@@ -134,7 +135,7 @@ def test_truncated_gguf(tmp_path):
     m = tmp_path / "model.gguf"
     m.write_bytes(tiny_target().read_bytes()[:300])
     r = run("diff", t, "-m", m)
-    assert r.exit_code == 1 and "truncated" in one_error(r)
+    assert r.exit_code == Exit.ERROR and "truncated" in one_error(r)
 
 
 def test_a_model_that_fails_to_load_closes_quietly(tmp_path):

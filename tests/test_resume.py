@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
 
@@ -72,14 +73,14 @@ def test_an_interrupted_run_resumes_to_the_same_bytes(big_jsonl, uninterrupted, 
     p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     if sig == signal.SIGINT:
-        assert p.returncode == 130 and err.strip().splitlines()[-1] == "Interrupted."
+        assert p.returncode == Exit.INTERRUPTED and err.strip().splitlines()[-1] == "Interrupted."
     assert not out.exists()  # no output until the run completes
     kept = partial.read_bytes()
     assert kept.count(b"\n") >= stop_after
     assert uninterrupted.startswith(kept[:kept.rfind(b"\n") + 1])  # only whole, finished records
 
     again = _recover(big_jsonl, out)  # without --resume: refuses, keeps the partial run
-    assert again.returncode == 1 and "--resume" in again.stderr
+    assert again.returncode == Exit.ERROR and "--resume" in again.stderr
     assert partial.read_bytes() == kept
 
     r = _recover(big_jsonl, out, "--resume")
@@ -119,5 +120,5 @@ def test_resume_refuses_a_partial_run_of_another_input(big_jsonl, tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text(big_jsonl.read_text().replace('"seed": 42', '"seed": 43', 1) + "\n")
     r = _recover(other, out, "--resume")
-    assert r.returncode == 1
+    assert r.returncode == Exit.ERROR
     assert r.stderr.strip().splitlines()[-1].startswith("Error: ") and "another input" in r.stderr

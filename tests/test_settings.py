@@ -10,6 +10,7 @@ import pytest
 from cli_helpers import run
 
 from replay.cli import main
+from replay.errors import Exit
 from replay.llamacpp.process import ServerConfig
 from replay.settings import BY_ATTR, SETTINGS, describe, flags_block, recorded_flags, resolve, rows
 
@@ -93,7 +94,7 @@ def test_a_bad_value_names_the_flag(attr, value, message):
 
 def test_a_bad_flag_value_on_the_command_line_is_a_usage_error(tmp_path):
     r = run("trace", "--prompt", "bcd", "-m", tmp_path / "m.gguf", "--spec-draft-n-max", "x")
-    assert r.exit_code == 2 and "--spec-draft-n-max takes an integer" in r.output
+    assert r.exit_code == Exit.USAGE and "--spec-draft-n-max takes an integer" in r.output
 
 
 def test_spec_type_takes_a_comma_list_or_repeats_like_the_server():

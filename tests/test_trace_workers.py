@@ -17,6 +17,7 @@ import pytest
 from cli_helpers import cli_command
 
 from replay.commands.trace_state import ServerState, trace_units
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_target
 from replay.paths import FIXTURES
 from replay.runtime.llama import Model
@@ -49,7 +50,7 @@ def test_a_divergence_still_fails_the_run_on_workers(tiny_evals, tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_text("\n".join(lines) + "\n")
     one, two = trace(src), trace(src, "--workers", "2")
-    assert one.returncode == two.returncode == 1
+    assert one.returncode == two.returncode == Exit.FAILED
     assert two.stdout == one.stdout
     assert [r["reproduced"] for r in json.loads(two.stdout)["records"]].count(False) == 1
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
 
+from replay.errors import Exit
 from replay.llamacpp.models import tiny_target
 from replay.transcripts.chains import SHARED_CHARS, Unit, chains, plan_units
 from replay.transcripts.readers import Record
@@ -118,7 +119,7 @@ def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(long_ev
     assert len(workers) == 2, workers
     os.kill(workers[0], signal.SIGKILL)
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 1, err
+    assert p.returncode == Exit.ERROR, err
     errors = [x for x in err.splitlines() if x.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in err, err
     assert "died (signal 9) while recovering" in errors[0] and f"{src}, record " in errors[0]

@@ -1,3 +1,3 @@
 from replay.cli import main
 
-main()
+main(prog_name="spec-replay")

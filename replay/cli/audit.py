@@ -9,8 +9,9 @@ import click
 from tabulate import tabulate
 
 from replay.cli import handle_errors, main
-from replay.cli.options import given_flags, libllama_option, server_flags
-from replay.errors import KernelsError
+from replay.cli.options import given_flags, json_option, libllama_option, server_flags, verbose_option
+from replay.errors import Exit, KernelsError
+from replay.settings import BY_ATTR
 
 
 def _token_rows(tokens: list[dict]) -> str:
@@ -21,22 +22,26 @@ def _token_rows(tokens: list[dict]) -> str:
 
 @main.command()
 @click.argument("url")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--n-predict", "probe_tokens", default=48, show_default=True, help="tokens the probe request asks for")
-@click.option("--n-probs", default=3, show_default=True)
+@json_option("the audit")
+@click.option(*BY_ATTR["n_predict"].names, "probe_tokens", type=click.IntRange(min=1), default=48, show_default=True,
+              help="tokens the probe request asks for")
+@click.option("--n-probs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="alternatives the probe asks for per token (its n_probs)")
 @click.option("--prompt", default=None, help="probe prompt (default: a repetitive sentence)")
 @click.option("-m", "--model", type=click.Path(dir_okay=False, exists=True),
               help="the server's target GGUF, here too: then say which CPU kernels the server computes with (the "
                    "variant of a release-style libllama that reproduces its first entry)")
 @libllama_option
 @server_flags("speculative", exclude=("draft_model",))
+@verbose_option
 @handle_errors
 def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, model: str | None,
-          libllama: str | None, **flags) -> None:
-    """Audit a running llama-server for placeholder probabilities.
+          libllama: str | None, verbose: bool, **flags) -> None:
+    """Check a running llama-server for placeholder probabilities.
 
     Exit 0: every token carries real probabilities; 1: placeholders found;
-    2: cannot tell (unreachable, not llama.cpp, no probabilities, no drafting).
+    3: cannot tell (unreachable, not llama.cpp, no probabilities, no drafting).
+    Warnings go to stderr.
     Give the speculative flags the server was started with (--spec-type ...) to
     have them checked against what its /slots report.
 
@@ -55,15 +60,17 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
     else:
         click.echo(f"server:      {res.url}  ({res.build_info or 'unknown build'})")
         shape = res.loop_shape
-        click.echo(f"loop:        {shape.era.describe()}" + (f"  (warning: {shape.warning})" if shape.warning else ""))
+        click.echo(f"loop:        {shape.era.describe()}")
+        if shape.warning:
+            click.echo(f"warning: {shape.warning}", err=True)
         if res.props_speculative is not None or res.slots_speculative is not None:
             click.echo(f"/props:      speculative.types = {res.props_speculative!r}")
             click.echo(f"/slots:      speculative = {res.slots_speculative}")
         if res.contradiction:
-            click.echo("warning:     /props says speculation is off but /slots says it is on; "
-                       "/props does not reflect --spec-type")
+            click.echo("warning: /props says speculation is off but /slots says it is on; "
+                       "/props does not reflect --spec-type", err=True)
         for w in res.warnings:
-            click.echo(f"warning:     {w}")
+            click.echo(f"warning: {w}", err=True)
         if res.draft_n is not None:
             click.echo(f"probe:       drafted {res.draft_n}, accepted {res.draft_n_accepted}")
         if res.tokens:
@@ -71,6 +78,8 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
         if model:
             click.echo(f"kernels:     {kernels['description']}")
         click.echo(f"verdict:     {res.verdict}")
+    if res.exit_code == Exit.ERROR and not as_json:
+        click.echo(f"Error: cannot tell: {res.verdict}", err=True)
     sys.exit(res.exit_code)
 
 
@@ -103,16 +112,18 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
 
 
 @main.command()
-@click.option("--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("-m", "--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="target GGUF (default: the committed tiny fixture)")
-@click.option("--draft", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option(*BY_ATTR["draft_model"].names, "draft", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="draft GGUF (default: the committed tiny noisy draft)")
-@click.option("--prompt", default="bcdbcbcdbcbcdbc", show_default=True)
-@click.option("--n-predict", default=12, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="the audit as JSON (the shape of `check --json`)")
+@click.option("--prompt", default="bcdbcbcdbcbcdbc", show_default=True, help="the probe prompt")
+@click.option(*BY_ATTR["n_predict"].names, "n_predict", type=click.IntRange(min=1), default=12, show_default=True,
+              help="tokens the probe request asks for")
+@json_option("the audit (the shape of `check --json`)")
+@verbose_option
 @handle_errors
-def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as_json: bool) -> None:
-    """Start a real speculating llama-server (draft-simple) and audit it.
+def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as_json: bool, verbose: bool) -> None:
+    """Start a speculating llama-server on tiny models and check it.
 
     Builds llama-server on first use (a few minutes, cached), serves the
     committed tiny fixtures, and runs `check` against it: the table shows the
@@ -120,14 +131,14 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as
 
     \b
     spec-replay demo
-    spec-replay demo --model target.gguf --draft draft.gguf --prompt "Once upon a time"
+    spec-replay demo -m target.gguf -md draft.gguf --prompt "Once upon a time"
     spec-replay demo --json | jq .verdict
     """
     from replay.commands.audit import check as run_check
     from replay.llamacpp.build import ensure_built
     from replay.llamacpp.models import tiny_draft, tiny_target
     from replay.llamacpp.process import LlamaServer, ServerConfig
-    bins = ensure_built(log=lambda line: click.echo(line, err=True))
+    bins = ensure_built(log=lambda line: click.echo(line, err=True))  # a first build takes minutes: always say
     model, draft = model or tiny_target(), draft or tiny_draft()
     cfg = ServerConfig(model, draft_model=draft, spec_types=("draft-simple",))
     with LlamaServer(cfg, binary=bins.server) as srv:

@@ -7,7 +7,7 @@ import sys
 import click
 
 from replay.cli import handle_errors, main
-from replay.cli.options import PROFILE
+from replay.cli.options import BUILD, json_option, verbose_option
 
 PATHS = ("a", "b-greedy", "b-probabilistic", "c-greedy", "c-probabilistic", "d", "e", "f", "d-patched")
 
@@ -24,15 +24,18 @@ def progress_printer():
 
 
 @main.command()
-@click.option("-n", "--seeds", "n_seeds", default=1000, show_default=True, help="seeds per path")
-@click.option("--profile", default="b11434", show_default=True, type=PROFILE,
-              help="which pinned llama.cpp build provides llama-server and llama-speculative")
+@click.option("--seeds", "n_seeds", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="seeds per path")
+@click.option("--build", "profile", default="b11434", show_default=True, type=BUILD,
+              help="the llama.cpp build whose llama-server and llama-speculative run (built once, cached)")
 @click.option("--paths", help=f"only these paths (comma list of {', '.join(PATHS)})")
 @click.option("--patched-example", is_flag=True, help="also build and run llama-speculative with the --example patch")
-@click.option("--json", "as_json", is_flag=True)
+@json_option("the lab's counts and verdicts")
+@verbose_option
 @handle_errors
-def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, as_json: bool) -> None:
-    """Which speculative loops sample the target's own distribution? Count and test.
+def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, as_json: bool,
+         verbose: bool) -> None:
+    """Which speculative loops keep the target's distribution?
 
     On the tiny fixture (prompt "gfbdc", prefix "e", --temp 1 --top-k 3), every
     path generates with N seeds; the token after the prefix is tallied and tested
@@ -43,20 +46,18 @@ def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, a
 
     \b
     spec-replay dist
-    spec-replay dist -n 300 --paths a,d,e,f
+    spec-replay dist --seeds 300 --paths a,d,e,f
     spec-replay dist --patched-example --json > dist.json
     """
     from replay.llamacpp.build import BuildSpec, ensure_built
     from replay.llamacpp.models import tiny_draft, tiny_target
     from replay.proof.distribution import Lab, example_binaries, render, run_lab
-    if n_seeds < 1:
-        raise click.UsageError("--seeds must be at least 1")
     keys = tuple(k.strip() for k in paths.split(",")) if paths else None
     if keys and not set(keys) <= set(PATHS):
         raise click.UsageError(f"unknown path(s): {', '.join(sorted(set(keys) - set(PATHS)))}")
     if profile == "0c1e570" and keys is None:
         keys = tuple(k for k in sorted(PATHS) if "probabilistic" not in k)  # no probabilistic drafting there
-    bins = ensure_built(BuildSpec(profile))
+    bins = ensure_built(BuildSpec(profile), log=(lambda line: click.echo(line, err=True)) if verbose else None)
     patched = None
     if patched_example or (keys and "d-patched" in keys):
         _, patched = example_binaries(None, profile)

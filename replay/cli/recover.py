@@ -3,18 +3,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from replay.cli import handle_errors, main
+from replay.cli import check_failed, handle_errors, main
 from replay.cli.kernels import choose_kernels, server_cpu_option
-from replay.cli.options import choose_libllama, given_flags, libllama_option, server_flags
+from replay.cli.options import (
+    BUILD,
+    build_number,
+    choose_libllama,
+    given_flags,
+    json_option,
+    libllama_option,
+    server_flags,
+    verbose_option,
+)
 from replay.commands.recover import RecoverOptions
 from replay.comparison.values import DEFAULT_TOLERANCE
-from replay.errors import SpecReplayError
+from replay.errors import Exit, SpecReplayError
 from replay.report.recovery import RecoverResult
 
 
@@ -32,8 +40,8 @@ def _recover_options(fn):
         click.option("--no-prefix-reuse", is_flag=True,
                      help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
                           "shared with the previous record are kept where that is bit-exact: whole -ub blocks)"),
-        click.option("--build", "build", type=click.IntRange(min=1), metavar="N",
-                     help="the server's llama.cpp build bN, when its build_info does not say (builds/loop_shapes.py)"),
+        click.option("--build", "build", type=BUILD,
+                     help="the server's llama.cpp build (b11434), when the transcript's build_info does not say"),
         click.option("--source", "source", type=click.Path(file_okay=False, exists=True, path_type=Path),
                      help="the server's llama.cpp checkout: its loop shape is read from the code"),
         click.option("--server-backend", metavar="NAME",
@@ -45,9 +53,11 @@ def _recover_options(fn):
                      help="the server decoded these requests in batches shared with other requests (several slots "
                           "serving at once) although the transcript does not show it: its real values are then "
                           "judged like batches (kept when within the bound) instead of by --tolerance"),
-        click.option("--json", "as_json", is_flag=True, help="print the report as JSON instead of tables"),
-        click.option("--force", is_flag=True, help="overwrite existing output/report files"),
-        click.option("-v", "--verbose", is_flag=True, help="show libllama's log"),
+        json_option("the report (every record and token)"),
+        click.option("--html", "html_file", type=click.Path(dir_okay=False),
+                     help="also write the report as a self-contained page: server vs true logprob per token"),
+        click.option("--force", is_flag=True, help="overwrite existing output/report/page files"),
+        verbose_option,
         server_flags("context", "sampling"),
         libllama_option,
         server_cpu_option,
@@ -113,6 +123,15 @@ def _write_report(report_file: str | None, res: RecoverResult, force: bool) -> N
         write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
 
 
+def _write_page(html_file: str | None, res: RecoverResult, force: bool) -> None:
+    """--html: the report as one self-contained page (report/pages.py)."""
+    from replay.report.pages import recover_page
+    from replay.transcripts.files import write_atomic
+    if html_file:
+        write_atomic(html_file, recover_page(res), force=force)
+        click.echo(f"wrote {html_file}", err=True)
+
+
 def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> None:
     s = res.summary()
     click.echo(f"wrote {out}: {s['counts']['placeholder']} placeholder and {s['counts']['missing']} missing "
@@ -133,9 +152,9 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
                    "pip install 'spec-replay[ray]'. --workers sets how many actors")
 @handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
-            shared_batches, as_json, force,
+            shared_batches, as_json, html_file, force,
             verbose, libllama, server_cpu, output, in_place, resume, workers, ray_address, **flags) -> None:
-    """Recover the real logprobs of a recorded transcript and write a repaired copy.
+    """Recover a transcript's real logprobs into a repaired copy.
 
     Replays the target model in-process with the server's decode schedule and
     puts the true values (and top-N alternatives) where the server sent
@@ -162,10 +181,14 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     out = Path(transcript).resolve() if in_place else Path(output)
     if not in_place and not resume:
         refuse_existing(out, force)
-    if report_file:
-        if Path(report_file).resolve() in (out.resolve(), Path(transcript).resolve()):
-            raise click.UsageError("--report must not be the transcript or the output file")
-        refuse_existing(report_file, force)
+    for name, extra in (("--report", report_file), ("--html", html_file)):
+        if extra:
+            if Path(extra).resolve() in (out.resolve(), Path(transcript).resolve()):
+                raise click.UsageError(f"{name} must not be the transcript or the output file")
+            refuse_existing(extra, force)
+    if report_file and html_file and Path(report_file).resolve() == Path(html_file).resolve():
+        raise click.UsageError("--report and --html must be different files")
+    build = build_number(build)
     records, original, request = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
@@ -175,7 +198,8 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
                                                   server_cpu=server_cpu, quiet=as_json))
     if len(records) > 1:
         _recover_journaled(records, original, request, model, flags, options, verbose, out, transcript,
-                           force or in_place, resume, as_json, report_file, workers=workers, ray_address=ray_address)
+                           force or in_place, resume, as_json, report_file, workers=workers, ray_address=ray_address,
+                           html_file=html_file)
         return
     if workers > 1 or ray_address:
         click.echo("note: one record: --workers/--ray do not apply", err=True)
@@ -184,11 +208,11 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     res = result_of(records, _run(records, model, flags, options, verbose), original)
     _show(res, as_json)
     _write_report(report_file, res, force)
+    _write_page(html_file, res, force)
     reason = res.failure()
     if reason:
         # a replay that disagrees with the server's real values is suspect everywhere: write nothing
-        click.echo(f"Error: {reason}; nothing written to {out}", err=True)
-        sys.exit(1)
+        check_failed(f"{reason}; nothing written to {out}", res.failure_detail(), res.failure_code())
     write_atomic(out, res.repaired, force=force or in_place)
     _wrote(out, res, len(records))
 
@@ -196,7 +220,7 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
 def _recover_journaled(records, original: str, request: dict | None, model: str, flags: dict,
                        options: RecoverOptions, verbose: bool, out: Path, transcript: str, force: bool, resume: bool,
                        as_json: bool, report_file: str | None, *, workers: int = 1,
-                       ray_address: str | None = None) -> None:
+                       ray_address: str | None = None, html_file: str | None = None) -> None:
     from replay.cli.progress import progress_bar
     from replay.runtime.binding import loaded_path
     from replay.runtime.llama import set_verbose
@@ -253,13 +277,14 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
     res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")
     _show(res, as_json)
     _write_report(report_file, res, force)
+    _write_page(html_file, res, force)
     if failed:
         kept = f"the {writer.next} records before it are kept in {journal.path}"
         if journal.ahead_path.exists():
             kept += f" (and those finished after it in {journal.ahead_path.name})"
-        click.echo(f"Error: {res.failure() or failed[0].report.source + ': record could not be repaired'}; "
-                   f"{out} not written ({kept})", err=True)
-        sys.exit(1)
+        check_failed(f"{res.failure() or failed[0].report.source + ': record could not be repaired'}; "
+                     f"{out} not written ({kept})", res.failure_detail(),
+                     res.failure_code() if res.failure() else Exit.ERROR)
     journal.finish(force=force)
     earlier = len(finished)
     _wrote(out, res, len(records), f" ({earlier} finished earlier)" if earlier else "")
@@ -269,17 +294,19 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
 @_recover_options
 @handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
-         shared_batches, as_json, force,
+         shared_batches, as_json, html_file, force,
          verbose, libllama, server_cpu, **flags) -> None:
-    """Compare what the server sent with the true probabilities; write nothing.
+    """Compare the server's values with the true ones; write nothing.
 
     \b
     spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
     spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
     """
     from replay.transcripts.files import refuse_existing
-    if report_file:
-        refuse_existing(report_file, force)
+    for extra in (report_file, html_file):
+        if extra:
+            refuse_existing(extra, force)
+    build = build_number(build)
     records, original, request = _load(transcript, request_file, model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
@@ -291,8 +318,8 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     done = _run(records, model, flags, options, verbose)
     res = RecoverResult([d.report for d in done], "")
     _write_report(report_file, res, force)
+    _write_page(html_file, res, force)
     _show(res, as_json)
     reason = res.failure()
     if reason:
-        click.echo(f"Error: {reason}", err=True)
-        sys.exit(1)
+        check_failed(reason, res.failure_detail(), res.failure_code())

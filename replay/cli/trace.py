@@ -9,9 +9,18 @@ from typing import Callable
 import click
 from tabulate import tabulate
 
-from replay.cli import handle_errors, main
+from replay.cli import check_failed, handle_errors, main
 from replay.cli.kernels import choose_kernels, server_cpu_option
-from replay.cli.options import choose_libllama, given_flags, libllama_option, server_flags
+from replay.cli.options import (
+    BUILD,
+    build_number,
+    choose_libllama,
+    given_flags,
+    json_option,
+    libllama_option,
+    server_flags,
+    verbose_option,
+)
 from replay.commands.trace import TraceResult
 from replay.transcripts.readers import Record
 
@@ -20,16 +29,19 @@ from replay.transcripts.readers import Record
 @click.argument("transcript", required=False, type=click.Path(dir_okay=False))
 @click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="the target GGUF (-m)")
 @click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
-@click.option("--build", "build", type=click.IntRange(min=1), metavar="N",
-              help="replay the loop of llama.cpp build bN (default: the transcript's build_info)")
+@click.option("--build", "build", type=BUILD,
+              help="replay the loop of this llama.cpp build (b11434; default: the transcript's build_info)")
 @click.option("--source", "source", type=click.Path(file_okay=False, exists=True),
               help="replay the loop of this llama.cpp checkout, recognised from its code")
 @click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt, as a /completion "
                               "request that sets nothing (the server flags below apply; --seed defaults to 1 and "
                               "-n to 32 there)")
 @click.option("--steps", "steps_range", help="only show steps a:b")
-@click.option("--json", "as_json", is_flag=True, help="the full trace as JSON")
-@click.option("-v", "--verbose", is_flag=True, help="show libllama's log")
+@json_option("the full trace")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="also write the trace as a self-contained page: the tokens coloured by where they came from")
+@click.option("--force", is_flag=True, help="overwrite an existing --html file")
+@verbose_option
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="trace a JSONL's records on N processes, each loading the models once (-t per worker "
                    "defaults to the cores shared out); records that share the server's state across "
@@ -38,9 +50,9 @@ from replay.transcripts.readers import Record
 @server_cpu_option
 @server_flags("speculative", "context", "sampling")
 @handle_errors
-def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, verbose, libllama,
-          server_cpu, workers, **flags) -> None:
-    """Replay llama-server's speculative loop step by step and check it against a transcript.
+def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, html_file, force, verbose,
+          libllama, server_cpu, workers, **flags) -> None:
+    """Replay the server's speculative loop step by step.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
     draft tokens were accepted or rejected (with the uniform draw), the resampled
@@ -53,6 +65,7 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     \b
     spec-replay trace run.json -m target.gguf -md draft.gguf
     spec-replay trace run.json -m target.gguf -md draft.gguf --json | jq .reproduced
+    spec-replay trace run.json -m target.gguf -md draft.gguf --html trace.html
     spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3 --temp 1
     """
     from replay.cli.progress import progress_bar
@@ -61,12 +74,19 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     from replay.commands.trace_state import ServerState
     from replay.runtime.gguf import check_gguf
     from replay.runtime.llama import Model, set_verbose
-    from replay.transcripts.files import read_request
+    from replay.transcripts.files import read_request, refuse_existing, write_atomic
     from replay.transcripts.readers import read_file, read_source
     flags = given_flags(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
         raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
+    if transcript and prompt:
+        raise click.UsageError("give a TRANSCRIPT or --prompt, not both")
+    if html_file:
+        if transcript and Path(html_file).resolve() == Path(transcript).resolve():
+            raise click.UsageError("--html must not be the transcript")
+        refuse_existing(html_file, force)
+    build = build_number(build)
     check_gguf(model)
     request = read_request(request_file) if request_file else None
     records = read_file(transcript, request) if transcript else []
@@ -108,8 +128,16 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
             if len(results) > 1:
                 click.echo(f"=== {rec.where}")
             show(res, piece, steps_range)
-    if any(r.reproduced is False for _, r in results):
-        raise SystemExit(1)
+    if html_file:
+        from replay.report.pages import trace_page
+        write_atomic(html_file, trace_page([(rec.where if rec else "--prompt", r) for rec, r in results], piece,
+                                           prompt=prompt), force=force)
+        click.echo(f"wrote {html_file}", err=True)
+    bad = [(rec, r) for rec, r in results if r.reproduced is False]
+    if bad:
+        where = bad[0][0].where if bad[0][0] is not None else "the trace"
+        check_failed(f"{len(bad)} of {len(results)} record(s) not reproduced (first: {where}, token "
+                     f"{bad[0][1].first_divergence}); the table above shows the divergence")
 
 
 def _trace_on_workers(transcript: str, records: list[Record], request_file: str | None, target, model: str,

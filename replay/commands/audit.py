@@ -6,8 +6,8 @@ The audit an eval harness runs before scoring:
      "none" even when /slots reports `"speculative": true` for every slot.
   2. One probe request with probabilities; every token after the first must
      carry a real top list. Exit 0 = all real, 1 = placeholders found,
-     2 = cannot tell (unreachable, not llama.cpp, no probabilities, or the
-     probe never reached the speculative path).
+     3 = cannot tell (unreachable, not llama.cpp, no probabilities, or the
+     probe never reached the speculative path): errors.Exit.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import Any
 
 from replay.builds.loop_shapes import Shape, shape_for
 from replay.commands.record import server_snapshot
-from replay.errors import ServerError
+from replay.errors import Exit, ServerError
 from replay.llamacpp.http import post_json
 from replay.transcripts.entries import SentEntry, n_generated, sent_entries
 
-OK, PLACEHOLDERS, CANNOT_TELL = 0, 1, 2
+OK, PLACEHOLDERS, CANNOT_TELL = Exit.OK, Exit.FAILED, Exit.ERROR
 
 # Repetitive on purpose: n-gram drafters only draft after they have seen the
 # continuation before, and a draft model drafts everywhere.

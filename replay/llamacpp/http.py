@@ -9,6 +9,7 @@ import http.client
 import json
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Iterator
 
@@ -18,6 +19,22 @@ DEFAULT_TIMEOUT = 3600.0  # a long generation on a busy CPU server takes minutes
 
 
 def _url(base: str, path: str) -> str:
+    """base + path, after checking base is an http(s) server address.
+
+    >>> _url("http://127.0.0.1:8080/", "/props")
+    'http://127.0.0.1:8080/props'
+    >>> _url("localhost:8080", "/props")
+    Traceback (most recent call last):
+    ...
+    replay.errors.ServerError: 'localhost:8080' is not a server URL: give http://HOST:PORT
+    """
+    try:
+        parts = urllib.parse.urlsplit(base)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:  # a bad port or an unclosed [IPv6 bracket
+        ok = False
+    if not ok:
+        raise ServerError(f"{base!r} is not a server URL: give http://HOST:PORT", url=base)
     return base.rstrip("/") + path
 
 
@@ -39,7 +56,7 @@ def _open(base: str, path: str, body: Any | None, timeout: float):
         raise ServerError(f"{url} answered HTTP {e.code}: {detail.strip()[:300]}", url=url, status=e.code) from None
     except (socket.timeout, TimeoutError):
         raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from None
-    except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError) as e:
+    except (urllib.error.URLError, ConnectionError, http.client.HTTPException, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, (socket.timeout, TimeoutError)):
             raise ServerError(f"no answer from {url} within {timeout:.0f}s", url=url) from e

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replay.comparison.values import BATCH_BOUND, RECOVERED, STATUSES, TokenReport
+from replay.errors import Exit
 
 
 @dataclass
@@ -105,38 +106,68 @@ class RecoverResult:
                 "reused_prompt_tokens": sum(r.reused_prompt_tokens for r in self.records)}
 
     def to_json(self) -> dict:
-        return {"records": [r.to_json() for r in self.records], "summary": self.summary()}
+        out = {"records": [r.to_json() for r in self.records], "summary": self.summary()}
+        if self._failure() is not None:
+            out["failure"] = {"line": self.failure(), "detail": self.failure_detail()}
+        return out
 
     def failure(self) -> str | None:
-        """One line saying why not everything was recovered, or None."""
+        """One short line saying why not everything was recovered, with the likely causes, or None."""
+        f = self._failure()
+        return None if f is None else f[0]
+
+    def failure_code(self) -> int:
+        """The exit code of a failure: 3 (Exit.ERROR) when a record could not be replayed at all, 1
+        (Exit.FAILED) when the replay disagrees with the server."""
+        return Exit.ERROR if any(r.error for r in self.records) else Exit.FAILED
+
+    def failure_detail(self) -> str | None:
+        """The longer explanation behind failure() (`-v` and `--json` show it), or None."""
+        f = self._failure()
+        return None if f is None else f[1]
+
+    def _failure(self) -> tuple[str, str] | None:
         for r in self.records:
             if r.error:
-                return f"{r.source}, record {r.record}: {r.error}"
+                line = f"{r.source}, record {r.record}: {r.error}"
+                return line, line
         bad = [(r, t) for r in self.records for t in r.tokens if t.status in ("mismatch", "unaligned")]
-        if bad:
-            r, t = bad[0]
-            why = "the replay does not match this server's numerics (model file, build, or context settings)"
-            if r.weighted_diff is not None and r.cause is not None:
-                why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
-                       f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
-                       "not the server's")
-            elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
-                why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or shared batches would: if "
-                        "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
-                        "decoded these requests together with others (several slots serving at once), with "
-                        "--shared-batches")
-            if r.cpu and r.cpu.get("how") == "given":
-                why = (f"the {r.cpu['variant']} CPU kernels given with --server-cpu are not the server's: without it the "
-                       "kernels are found from the transcript's first entry")
-            elif r.cpu and r.cpu.get("how") == "matched" and r.cpu.get("record") is not None and r.cpu["record"] + 1 != r.record:
-                why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
-                        "may come from another machine (recover it separately)")
-            if r.prefix == "server cache":
-                why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
-                       "rebuilt from the previous record: keep the file in request order, one server slot")
-            elif r.prefix == "server cache (rebuilt)":
-                why = ((r.prefix_note or "the server took part of this prompt from a cache this file does not show")
-                       + "; --tolerance 0.3 accepts the difference and keeps the server's real values as sent")
-            return (f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
-                    f"{r.record}, token {t.index}, {t.note}); {why}")
-        return None
+        if not bad:
+            return None
+        r, t = bad[0]
+        short = "model file, build or context settings not the server's?"
+        why = "the replay does not match this server's numerics (model file, build, or context settings)"
+        if r.weighted_diff is not None and r.cause is not None:
+            short = f"{r.weighted_diff:.3f} nats, more than {r.cause} explain: model file or build not the server's?"
+            why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
+                   f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
+                   "not the server's")
+        elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
+            short += (f" {r.weighted_diff:.3f} nats, as other kernels or shared batches give: "
+                      "-ngl/-dev/--server-backend or --shared-batches if so")
+            why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or shared batches would: if "
+                    "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
+                    "decoded these requests together with others (several slots serving at once), with "
+                    "--shared-batches")
+        if r.cpu and r.cpu.get("how") == "given":
+            short = f"--server-cpu {r.cpu['variant']} is not the server's kernels (leave it out to find them)"
+            why = (f"the {r.cpu['variant']} CPU kernels given with --server-cpu are not the server's: without it the "
+                   "kernels are found from the transcript's first entry")
+        elif r.cpu and r.cpu.get("how") == "matched" and r.cpu.get("record") is not None \
+                and r.cpu["record"] + 1 != r.record:
+            short += f"; record {r.cpu['record'] + 1} matched other kernels: recover this one separately"
+            why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
+                    "may come from another machine (recover it separately)")
+        if r.prefix == "server cache":
+            short = "its values depend on the server's prompt cache: keep the file in request order, one slot"
+            why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
+                   "rebuilt from the previous record: keep the file in request order, one server slot")
+        elif r.prefix == "server cache (rebuilt)":
+            short = ((r.prefix_note or "part of its prompt came from a server cache this file does not show")
+                     + "; --tolerance 0.3 accepts it")
+            why = ((r.prefix_note or "the server took part of this prompt from a cache this file does not show")
+                   + "; --tolerance 0.3 accepts the difference and keeps the server's real values as sent")
+        head = f"{len(bad)} token(s) disagree with the server's real values ({r.source}#{r.record} token {t.index})"
+        return (f"{head}: {short}",
+                f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
+                f"{r.record}, token {t.index}, {t.note}); {why}")

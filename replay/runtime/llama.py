@@ -290,7 +290,7 @@ class Context(_Owner):
     def decode(self, tokens: Sequence[int], pos0: int, outputs: Sequence[bool] | None = None, seq_id: int = 0) -> None:
         """Decode one batch (<= n_batch tokens) at positions pos0.. ; `outputs` marks rows that get logits."""
         if len(tokens) > self.n_batch:
-            raise ValueError(f"batch of {len(tokens)} exceeds n_batch {self.n_batch}")
+            raise DecodeError(-1, f"a batch of {len(tokens)} tokens exceeds n_batch {self.n_batch} (-b)")
         if pos0 + len(tokens) > self.n_ctx:
             raise ModelError(f"the context is too small: {pos0 + len(tokens)} tokens needed, n_ctx is {self.n_ctx}")
         outs = outputs if outputs is not None else [False] * (len(tokens) - 1) + [True]
@@ -309,7 +309,7 @@ class Context(_Owner):
         """A copy of the logits of output row `i` of the last batch (-1 = last), float32 [n_vocab]."""
         ptr = L.llama_get_logits_ith(self.ptr, i)
         if not ptr:
-            raise RuntimeError(f"no logits for batch row {i}")
+            raise DecodeError(-1, f"libllama kept no logits for batch row {i}")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
     def logits_view(self, i: int) -> np.ndarray:
@@ -317,7 +317,7 @@ class Context(_Owner):
         per-token path of recover reads each row once, before decoding on)."""
         ptr = L.llama_get_logits_ith(self.ptr, i)
         if not ptr:
-            raise RuntimeError(f"no logits for batch row {i}")
+            raise DecodeError(-1, f"libllama kept no logits for batch row {i}")
         return np.frombuffer(self._row_type.from_address(ctypes.addressof(ptr.contents)), dtype=np.float32)
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> None:

@@ -29,7 +29,6 @@ from replay.settings import check_props, recorded_flags
 from replay.transcripts.format import CHAT, CMPL, FORMAT, NATIVE, VERSION
 
 
-
 @dataclass(frozen=True)
 class Record:
     """One request and its response, normalised (read-only: see the module docstring)."""

@@ -43,6 +43,18 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130
 
 
+EXIT_MEANINGS = {
+    Exit.OK: "done: every probability real (check), written (recover), reproduced (trace), verified (patch --verify)",
+    Exit.FAILED: "the check failed: placeholders found (check), the replay disagrees with the server's real values "
+                 "(recover, diff: nothing written), not reproduced (trace), a verification failed (patch --verify)",
+    Exit.USAGE: "a bad option or argument (click's usage error)",
+    Exit.ERROR: "could not tell or could not run: a file, model, server, build or context problem, said in one "
+                "`Error:` line (as {\"error\": ...} on stdout under --json)",
+    Exit.INTERNAL: "a bug in spec-replay: one line naming where; SPEC_REPLAY_RAISE_ERRORS=1 shows the traceback",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C); a multi-record recover keeps its finished records for --resume",
+}
+
+
 class SpecReplayError(Exception):
     """Base class: caught at the CLI edge and shown as a one-line error (exit 3, Exit.ERROR)."""
 

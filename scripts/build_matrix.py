@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prove spec-replay on real llama.cpp builds, one per loop shape, and write the table into the README.
+"""Prove spec-replay on real llama.cpp builds, one per loop shape, and write the table into docs/builds-and-eras.md.
 
 For every build (default: the matrix below) it builds llama-server with our CMakeLists.txt (ccache),
 then, with SmolLM2-135M Q4_1 as the target and its Q2_K requantisation as a disagreeing draft:
@@ -13,11 +13,11 @@ then, with SmolLM2-135M Q4_1 as the target and its Q2_K requantisation as a disa
   patch     `spec-replay patch` generated for the build's tree, applied, built, and --verify's checks
             (1 seed per endpoint/stream/mode)
 
-    python3 scripts/build_matrix.py                      # the matrix, README updated
+    python3 scripts/build_matrix.py                      # the matrix, docs/builds-and-eras.md updated
     python3 scripts/build_matrix.py b9897 b9246          # other builds (b<N> or 0c1e570)
     python3 scripts/build_matrix.py --no-patch --json m.json
 
-The README's table sits between the `build-matrix` markers; results also go to bench/matrix.json.
+The page's table sits between the `build-matrix` markers; results also go to bench/matrix.json.
 """
 from __future__ import annotations
 
@@ -118,10 +118,10 @@ def table(results: list[Result]) -> str:
 
 
 def write_readme(text: str) -> None:
-    readme = REPO / "README.md"
+    readme = REPO / "docs" / "builds-and-eras.md"
     s = readme.read_text()
     if README_BEGIN not in s or README_END not in s:
-        raise SystemExit(f"README.md has no {README_BEGIN} ... {README_END} section")
+        raise SystemExit(f"{readme} has no {README_BEGIN} ... {README_END} section")
     a, b = s.index(README_BEGIN) + len(README_BEGIN), s.index(README_END)
     readme.write_text(s[:a] + "\n" + text + "\n" + s[b:])
 

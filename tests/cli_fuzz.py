@@ -6,6 +6,7 @@ each through click in-process and requires a documented exit: 0, 1, 2, 3 or 130 
 `Error:` line and no traceback. An internal error (exit 70) is a bug and fails the run.
 
     python tests/cli_fuzz.py WORKDIR N     # N cases; WORKDIR/current.json holds the one running
+                                           # (run it from a scratch directory: it types relative paths)
 """
 from __future__ import annotations
 

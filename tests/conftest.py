@@ -6,9 +6,10 @@ Tiers, by marker (pyproject.toml):
     live_server   starts a real llama-server
     model         needs a real model: SmolLM2 or Gemma 3 (fetched into the cache on first use)
 
-`pytest -m "not build and not live_server and not model and not ray and not processes"` is the
-quick tier (about a minute): it builds and downloads nothing, and starts no Ray head and no worker
-processes (`ray` and `processes` tests also build nothing, and run in the default suite). The fixtures below enforce the markers: a test that uses a build, a server
+`pytest -m "not build and not live_server and not model and not ray and not processes and not browser"`
+is the quick tier (about two minutes): it builds and downloads nothing, and starts no Ray head, no
+worker processes and no browser (`ray`, `processes` and `browser` tests also build nothing, and run
+in the default suite). The fixtures below enforce the markers: a test that uses a build, a server
 or SmolLM2 without carrying the marker fails, so the quick tier cannot silently grow heavy.
 
 Servers are fresh for every test that uses one (`plain_server`, `self_draft_server`,
@@ -41,7 +42,8 @@ binding.load()
 # what each fixture needs; a test whose fixtures (transitively) need a marker must carry it
 NEEDS = {"b11434": ("build",), "server_cpu": ("build",), "smollm2": ("model",), "smollm2_draft": ("model", "build"), "gemma3": ("model",),
          "gemma3_draft": ("model", "build"),
-         "start_server": ("build", "live_server"), "module_server": ("build", "live_server")}
+         "start_server": ("build", "live_server"), "module_server": ("build", "live_server"),
+         "browser": ("browser",), "open_page": ("browser",)}
 
 
 def pytest_collection_modifyitems(config, items):

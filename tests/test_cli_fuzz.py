@@ -13,8 +13,12 @@ CASES = int(os.environ.get("SPEC_REPLAY_CLI_FUZZ_CASES", "200"))
 
 
 def test_no_command_line_crashes(tmp_path):
+    work = tmp_path / "cwd"  # relative paths the fuzzer types land here, never in the checkout
+    work.mkdir()
     p = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_fuzz.py")), str(tmp_path), str(CASES)],
-                       capture_output=True, text=True, timeout=1800)
+                       capture_output=True, text=True, timeout=1800, cwd=work,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                                       os.environ.get("PYTHONPATH")]))})
     current = tmp_path / "current.json"
     running = json.loads(current.read_text()) if current.exists() else None
     assert p.returncode == 0, (f"exit {p.returncode} while running spec-replay {running!r}\n"

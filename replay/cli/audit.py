@@ -107,7 +107,7 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
         return {"variant": None, "how": "error", "description": f"cannot tell: {e}"}
     if choice is None:
         return {"variant": None, "how": "none", "description": "cannot tell: the libllama here links one CPU backend "
-                "in; `spec-replay build --profile bN` builds every CPU variant of the server's build"}
+                "in; `spec-replay build --build bN` builds every CPU variant of the server's build"}
     return choice.to_json()
 
 
@@ -119,10 +119,13 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
 @click.option("--prompt", default="bcdbcbcdbcbcdbc", show_default=True, help="the probe prompt")
 @click.option(*BY_ATTR["n_predict"].names, "n_predict", type=click.IntRange(min=1), default=12, show_default=True,
               help="tokens the probe request asks for")
+@click.option("--n-probs", type=click.IntRange(min=1), default=3, show_default=True,
+              help="alternatives the probe asks for per token (its n_probs)")
 @json_option("the audit (the shape of `check --json`)")
 @verbose_option
 @handle_errors
-def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as_json: bool, verbose: bool) -> None:
+def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, n_probs: int, as_json: bool,
+         verbose: bool) -> None:
     """Start a speculating llama-server on tiny models and check it.
 
     Builds llama-server on first use (a few minutes, cached), serves the
@@ -144,7 +147,7 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, as
     with LlamaServer(cfg, binary=bins.server) as srv:
         click.echo(f"started {bins.build_info} llama-server at {srv.url}: -m {model.name} -md {draft.name} "
                    "--spec-type draft-simple", err=True)
-        res = run_check(srv.url, n_predict=n_predict, prompt=prompt)
+        res = run_check(srv.url, n_predict=n_predict, n_probs=n_probs, prompt=prompt)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))
         return

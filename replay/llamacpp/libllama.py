@@ -4,7 +4,7 @@ A llama.cpp build's llama-server and its libllama share one ggml (our CMakeLists
 together, shared). Replaying on that libllama makes every kernel the server's, so a draft model's
 argmax at a near-tie and the last bit of a logprob come out as the server's did. It is at hand when
 the user gives the checkout (`--source DIR`, built under DIR/build) or the library (`--libllama`), or
-when `spec-replay build --profile bN` has built the transcript's build. It is callable when its
+when `spec-replay build --build bN` has built the transcript's build. It is callable when its
 llama.h declares what the replay uses as llama-cpp-python's binding does (runtime/binding.py:
 abi_differences; measured on the index: b10679 and later are, b10666 and older are not).
 Otherwise the binding's own libllama (0c1e570 = b11311) is used, and the report says so.
@@ -79,7 +79,7 @@ def libllama_for(*, explicit: str | None = None, source: Path | None = None, bui
         lib, tree = _built_library(n)
         if lib is None:
             return LibChoice(None, f"{label} is not built here",
-                             hint=f"`spec-replay build --profile b{n}` makes b{n}'s own kernels available "
+                             hint=f"`spec-replay build --build b{n}` makes b{n}'s own kernels available "
                                   "to the replay")
         header = header_near(lib, tree)
     return _checked(lib, header, label)

@@ -61,6 +61,11 @@ class SpecReplayError(Exception):
     exit_code = 3
     detail: str | None = None  # a longer explanation: `-v` and `--json` show it
 
+    def with_detail(self, detail: str) -> "SpecReplayError":
+        """This error with a longer explanation behind its one short line (`-v`, `--json`)."""
+        self.detail = detail
+        return self
+
     def located(self, source: str, record: int | None = None) -> "SpecReplayError":
         """This error with the file (and record) in front of its message, unless it already names
         them. Same class and attributes, so callers can still tell errors apart."""
@@ -124,7 +129,9 @@ class TranscriptError(SpecReplayError):
     def located(self, source: str, record: int | None = None) -> "TranscriptError":
         if self.source is not None:
             return self
-        return TranscriptError(self.bare, source=source, record=record)
+        err = TranscriptError(self.bare, source=source, record=record)
+        err.detail = self.detail
+        return err
 
 
 class Unaligned(TranscriptError):

@@ -212,7 +212,8 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     reason = res.failure()
     if reason:
         # a replay that disagrees with the server's real values is suspect everywhere: write nothing
-        check_failed(f"{reason}; nothing written to {out}", res.failure_detail(), res.failure_code())
+        check_failed(f"{reason}; nothing written" + ("" if in_place else f" to {out}"), res.failure_detail(),
+                     res.failure_code())
     write_atomic(out, res.repaired, force=force or in_place)
     _wrote(out, res, len(records))
 

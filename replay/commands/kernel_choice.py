@@ -102,11 +102,12 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
         if differ:
             names = ", ".join(p.variant for p in [lead, *(p for p, _ in differ)])
-            raise KernelsError(
-                f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
-                f"of the tokens after it differ (by up to {max(d for _, d in differ):.3g} nats): the transcript "
-                "cannot tell which computed the server's; give --server-cpu with the variant its llama.cpp loaded (the server's "
-                "log names it: load_backend: loaded CPU backend from ...libggml-cpu-<variant>.so)")
+            head = (f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
+                    "of the tokens after it differ")
+            raise KernelsError(f"{head}: give --server-cpu VARIANT, the one the server loaded").with_detail(
+                f"{head} (by up to {max(d for _, d in differ):.3g} nats): the transcript cannot tell which computed "
+                "the server's; give --server-cpu with the variant its llama.cpp loaded (the server's log names it: "
+                "load_backend: loaded CPU backend from ...libggml-cpu-<variant>.so)")
         spread = max((d for _, d in apart if d is not None), default=None)
         return KernelChoice(lead.variant, "matched", lead.diff, lead.record, tuple(p.variant for p, _ in apart),
                             diffs=diffs, spread=spread if spread and spread > EXACT else None)
@@ -115,7 +116,13 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         errors = "; ".join(f"{p.variant}: {p.error}" for p in probes) or "no CPU variant to evaluate"
         which = f"record {probes[0].record + 1}'s first entry" if probes and probes[0].record is not None else \
             "the first entry"
-        raise KernelsError(f"{which} could not be evaluated under any CPU variant ({errors})")
+        distinct = list(dict.fromkeys(str(p.error) for p in probes))
+        if len(distinct) == 1:  # the same failure under every variant: the record's, not the kernels'
+            raise KernelsError(f"{which} could not be evaluated: {distinct[0]}").with_detail(
+                f"{which} could not be evaluated under any CPU variant ({errors})")
+        raise KernelsError(f"{which} could not be evaluated under any CPU variant ({distinct[0]}; and "
+                           f"{len(distinct) - 1} other error(s))").with_detail(
+            f"{which} could not be evaluated under any CPU variant ({errors})")
     near = measured[0]
     if shared:
         seen = sorted(set(witnesses) or {p.record for p in measured if p.record is not None})
@@ -128,10 +135,13 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
     others = ", ".join(f"{p.variant} {p.diff:.3g}" for p in measured[1:4])
     beyond = f" ({', '.join(not_runnable)} are built but this CPU cannot run them)" if not_runnable else ""
     where = f"record {near.record + 1}'s first entry" if near.record is not None else "the first entry"
+    head = (f"{where} matches none of this host's CPU kernels (nearest "
+            f"{VARIANTS[near.variant].label if near.variant in VARIANTS else near.variant} {near.diff:.3g} nats off")
+    cannot = f"; {', '.join(not_runnable)} not runnable here" if not_runnable else ""
     raise KernelsError(
-        f"{where} matches none of this host's CPU kernels (nearest "
-        f"{VARIANTS[near.variant].label if near.variant in VARIANTS else near.variant} {near.diff:.3g} nats off"
-        f"{'; ' + others if others else ''}): the server computed on a GPU, another CPU architecture, a native "
+        f"{head}{cannot}): a GPU or another CPU? "
+        "--server-backend NAME recovers at stated precision").with_detail(
+        f"{head}{'; ' + others if others else ''}): the server computed on a GPU, another CPU architecture, a native "
         f"build with other flags, or a CPU variant this host cannot run{beyond}; give --server-backend NAME to "
         "recover at stated precision on the nearest")
 

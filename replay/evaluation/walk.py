@@ -203,6 +203,9 @@ def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence
                 cands, sel = chain.sample(logits)  # with a grammar, masked only when it resampled
                 if stateful and int(cands["id"][sel]) != tok:
                     raise TranscriptError(
+                        f"generated token {index}: {stateful} needs the speculative loop's own draws from here "
+                        f"(this replay selected {int(cands['id'][sel])}, the server emitted {tok}): spec-replay trace"
+                    ).with_detail(
                         f"generated token {index}: {stateful} updates its state from the token the chain selects, "
                         f"and this replay's chain selected {int(cands['id'][sel])} where the server emitted {tok} "
                         "(its speculative loop drew differently): post-sampling values from here on need the "

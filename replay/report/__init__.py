@@ -1,5 +1,6 @@
-"""Comparison -> report: what recover hands back.
+"""Comparison -> report: what recover (and trace) hand back.
 
-    recovery.py  RecordReport and RecoverResult (summary, JSON, the one-line failure)
+    recovery.py  RecordReport and RecoverResult (summary, JSON, the short failure and its detail)
     repair.py    repaired copies of a transcript, same schema, placeholders filled with true values
+    pages.py     the --html pages of a recover report or a trace (assets/: their styles and scripts)
 """

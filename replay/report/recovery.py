@@ -143,8 +143,8 @@ class RecoverResult:
                    f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
                    "not the server's")
         elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
-            short += (f" {r.weighted_diff:.3f} nats, as other kernels or shared batches give: "
-                      "-ngl/-dev/--server-backend or --shared-batches if so")
+            short = (f"{r.weighted_diff:.3f} nats, as other kernels or shared batches give: "
+                     "-ngl/-dev/--server-backend or --shared-batches if so")
             why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or shared batches would: if "
                     "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
                     "decoded these requests together with others (several slots serving at once), with "

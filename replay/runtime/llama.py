@@ -289,10 +289,10 @@ class Context(_Owner):
 
     def decode(self, tokens: Sequence[int], pos0: int, outputs: Sequence[bool] | None = None, seq_id: int = 0) -> None:
         """Decode one batch (<= n_batch tokens) at positions pos0.. ; `outputs` marks rows that get logits."""
-        if len(tokens) > self.n_batch:
-            raise DecodeError(-1, f"a batch of {len(tokens)} tokens exceeds n_batch {self.n_batch} (-b)")
         if pos0 + len(tokens) > self.n_ctx:
             raise ModelError(f"the context is too small: {pos0 + len(tokens)} tokens needed, n_ctx is {self.n_ctx}")
+        if len(tokens) > self.n_batch:
+            raise DecodeError(-1, f"a batch of {len(tokens)} tokens exceeds n_batch {self.n_batch} (-b)")
         outs = outputs if outputs is not None else [False] * (len(tokens) - 1) + [True]
         self._batch.fill(tokens, pos0, outs, seq_id)
         rc = L.llama_decode(self.ptr, self._batch.raw)

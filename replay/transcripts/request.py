@@ -164,10 +164,12 @@ def _grammar(rec: Record, echo: Mapping | None, defaults: Mapping,
     if built and rebuilt is not None:
         return _echo_grammar(rec, rebuilt[0], defaults), rebuilt[1]
     if built:
-        raise TranscriptError(f"the server built a grammar from the request's {', '.join(built)}, and the response "
-                              "does not carry it (only /completion responses, and the others with \"verbose\": "
-                              "true, echo it): record with `spec-replay record`, which asks for it, or build the "
-                              "transcript's llama.cpp with `spec-replay build` so its own request parsing rebuilds it")
+        head = f"the server built a grammar from the request's {', '.join(built)}, and the response does not carry it"
+        raise TranscriptError(f"{head}: record with `spec-replay record`, or `spec-replay build` the server's build"
+                              ).with_detail(
+            f"{head} (only /completion responses, and the others with \"verbose\": true, echo it): record with "
+            "`spec-replay record`, which asks for it, or build the transcript's llama.cpp with `spec-replay build` so "
+            "its own request parsing rebuilds it")
     if isinstance(body.get("grammar"), str) and body["grammar"]:
         if body.get("grammar_lazy"):
             patterns, tokens = _triggers(body.get("grammar_triggers"))

@@ -18,7 +18,8 @@ status), so a user can act on them without a traceback.
 
 Exit codes, the same for every command (`Exit`): 0 done, 1 the check failed (placeholders
 found, the replay disagrees with the server, not reproduced), 2 a usage error (click's),
-3 could not tell or could not run (every SpecReplayError), 70 a bug, 130 interrupted.
+3 could not tell or could not run (every SpecReplayError), 70 a bug, 130 interrupted, 141 stdout
+closed early.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class Exit(enum.IntEnum):
     """Process exit codes of every spec-replay command (docs/cli.md lists them).
 
     >>> [int(e) for e in Exit]
-    [0, 1, 2, 3, 70, 130]
+    [0, 1, 2, 3, 70, 130, 141]
     """
 
     OK = 0           # done: every probability real, written, reproduced, verified
@@ -41,6 +42,7 @@ class Exit(enum.IntEnum):
     ERROR = 3        # could not tell / could not run: a SpecReplayError (file, model, server, build)
     INTERNAL = 70    # a bug in spec-replay (EX_SOFTWARE): one line, SPEC_REPLAY_RAISE_ERRORS=1 for the traceback
     INTERRUPTED = 130
+    PIPE = 141       # stdout closed before the report was out (`| head`): the shell's code for SIGPIPE
 
 
 EXIT_MEANINGS = {
@@ -52,6 +54,8 @@ EXIT_MEANINGS = {
                 "`Error:` line (as {\"error\": ...} on stdout under --json)",
     Exit.INTERNAL: "a bug in spec-replay: one line naming where; SPEC_REPLAY_RAISE_ERRORS=1 shows the traceback",
     Exit.INTERRUPTED: "interrupted (Ctrl-C); a multi-record recover keeps its finished records for --resume",
+    Exit.PIPE: "stdout was closed before the report was out (`| head`), as the shell reports SIGPIPE; files "
+               "are written before the report is printed",
 }
 
 

@@ -126,3 +126,20 @@ def test_a_bug_is_one_line_with_exit_70_not_a_traceback(monkeypatch, tmp_path):
     assert r.exit_code == Exit.INTERNAL and "Traceback" not in r.output
     line, = [x for x in r.stderr.splitlines() if x.startswith("Error:")]
     assert "internal error: ZeroDivisionError: simulated bug" in line and "SPEC_REPLAY_RAISE_ERRORS" in line
+
+
+def test_a_reader_that_stops_early_loses_nothing(tmp_path):
+    """`spec-replay recover ... | head`: the repaired file is written before the report is printed,
+    and the closed pipe ends the run quietly with the shell's SIGPIPE code, 141."""
+    import subprocess
+    import sys
+
+    from replay.llamacpp.models import tiny_target
+    from replay.paths import FIXTURES
+    out = tmp_path / "fixed.json"
+    p = subprocess.Popen([sys.executable, "-m", "replay.cli", "recover", str(FIXTURES / "transcripts" / "tiny-draft-simple.json"),
+                          "-m", str(tiny_target()), "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader is gone before the report comes, as `| head -0` would be
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == Exit.PIPE, err
+    assert out.is_file() and "Traceback" not in err and "BrokenPipe" not in err

@@ -100,3 +100,17 @@ def test_transcript_text_cannot_close_the_data_block(tmp_path):
     html = page.read_text()
     assert "<img" not in html and html.count("</script>") == 2  # the data block's and the script's own
     assert page_data(html)["records"][0]["where"].startswith(str(tmp_path) + "/</script><img")
+
+
+def test_a_failed_recover_still_writes_its_page_to_show_where(tmp_path):
+    """The replay disagrees with a real value the server sent: no repaired file, but the page shows
+    the disagreeing token (exit 1)."""
+    t = json.loads((TRANSCRIPTS / "tiny-draft-simple.json").read_text())
+    t["response"]["completion_probabilities"][0]["logprob"] = -0.5
+    src, out, page = tmp_path / "t.json", tmp_path / "out.json", tmp_path / "r.html"
+    src.write_text(json.dumps(t))
+    r = run("recover", src, "-m", tiny_target(), "-o", out, "--html", page)
+    assert r.exit_code == Exit.FAILED and not out.exists()
+    data = page_data(page.read_text())
+    assert data["failure"].startswith("1 token(s) disagree with the server's real values")
+    assert data["records"][0]["tokens"][0]["status"] == "mismatch" and data["records"][0]["tokens"][0]["server"] == -0.5

@@ -72,7 +72,7 @@ class Command(click.Command):
         except BrokenPipeError:
             devnull = os.open(os.devnull, os.O_WRONLY)  # the reader went away: no second error at exit
             os.dup2(devnull, sys.stdout.fileno())
-            ctx.exit(Exit.FAILED)
+            ctx.exit(Exit.PIPE)
         except Exception as e:  # a bug: still one line, with what to report
             if os.environ.get("SPEC_REPLAY_RAISE_ERRORS"):
                 raise

@@ -206,15 +206,16 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     if resume:
         raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
     res = result_of(records, _run(records, model, flags, options, verbose), original)
-    _show(res, as_json)
+    # files first, then the report on stdout (a reader that stops early, `| head`, loses nothing)
     _write_report(report_file, res, force)
     _write_page(html_file, res, force)
     reason = res.failure()
+    if not reason:  # a replay that disagrees with the server's real values is suspect everywhere: write nothing
+        write_atomic(out, res.repaired, force=force or in_place)
+    _show(res, as_json)
     if reason:
-        # a replay that disagrees with the server's real values is suspect everywhere: write nothing
         check_failed(f"{reason}; nothing written" + ("" if in_place else f" to {out}"), res.failure_detail(),
                      res.failure_code())
-    write_atomic(out, res.repaired, force=force or in_place)
     _wrote(out, res, len(records))
 
 
@@ -276,9 +277,11 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
     finally:
         journal.close()
     res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")
-    _show(res, as_json)
     _write_report(report_file, res, force)
     _write_page(html_file, res, force)
+    if not failed:
+        journal.finish(force=force)
+    _show(res, as_json)
     if failed:
         kept = f"the {writer.next} records before it are kept in {journal.path}"
         if journal.ahead_path.exists():
@@ -286,7 +289,6 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
         check_failed(f"{res.failure() or failed[0].report.source + ': record could not be repaired'}; "
                      f"{out} not written ({kept})", res.failure_detail(),
                      res.failure_code() if res.failure() else Exit.ERROR)
-    journal.finish(force=force)
     earlier = len(finished)
     _wrote(out, res, len(records), f" ({earlier} finished earlier)" if earlier else "")
 

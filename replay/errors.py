@@ -54,8 +54,8 @@ EXIT_MEANINGS = {
                 "`Error:` line (as {\"error\": ...} on stdout under --json)",
     Exit.INTERNAL: "a bug in spec-replay: one line naming where; SPEC_REPLAY_RAISE_ERRORS=1 shows the traceback",
     Exit.INTERRUPTED: "interrupted (Ctrl-C); a multi-record recover keeps its finished records for --resume",
-    Exit.PIPE: "stdout was closed before the report was out (`| head`), as the shell reports SIGPIPE; files "
-               "are written before the report is printed",
+    Exit.PIPE: "stdout was closed before the report was out (piped into head, say), as the shell reports "
+               "SIGPIPE; the files were written before the report",
 }
 
 

@@ -7,7 +7,7 @@
     render.py    report tables          progress.py one progress bar on stderr
 
 Every failure prints one `Error: ...` line on stderr and exits with a documented code
-(errors.Exit: 1 the check failed, 2 usage, 3 could not run, 70 a bug, 130 interrupted);
+(errors.Exit: 1 the check failed, 2 usage, 3 could not run, 70 a bug, 130 interrupted, 141 stdout closed);
 set SPEC_REPLAY_RAISE_ERRORS=1 to see the traceback instead.
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> None:
     Options that llama-server has are spelled as llama-server spells them
     (--spec-type, -md, --spec-draft-n-max, -c, -b, -ub, -n, ...); a llama.cpp
     build is --build bN. Exit codes: 0 done, 1 the check failed, 2 usage,
-    3 could not run, 70 a bug (please report), 130 interrupted.
+    3 could not run, 70 a bug (please report), 130 interrupted, 141 stdout closed.
     `spec-replay COMMAND -h` for a command's options and examples.
     """
 

@@ -117,6 +117,11 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
         click.echo(f"warning: {shape.warning}", err=True)
     piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
     cpu = {} if kernels is None else {"kernels": kernels.to_json()}
+    if html_file:  # before the report: a reader that stops early loses nothing
+        from replay.report.pages import trace_page
+        write_atomic(html_file, trace_page([(rec.where if rec else "--prompt", r) for rec, r in results], piece,
+                                           prompt=prompt), force=force)
+        click.echo(f"wrote {html_file}", err=True)
     if as_json:
         if len(results) == 1:
             click.echo(json.dumps({**results[0][1].to_json(piece), **cpu}, indent=2))
@@ -128,16 +133,13 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
             if len(results) > 1:
                 click.echo(f"=== {rec.where}")
             show(res, piece, steps_range)
-    if html_file:
-        from replay.report.pages import trace_page
-        write_atomic(html_file, trace_page([(rec.where if rec else "--prompt", r) for rec, r in results], piece,
-                                           prompt=prompt), force=force)
-        click.echo(f"wrote {html_file}", err=True)
     bad = [(rec, r) for rec, r in results if r.reproduced is False]
     if bad:
         where = bad[0][0].where if bad[0][0] is not None else "the trace"
-        check_failed(f"{len(bad)} of {len(results)} record(s) not reproduced (first: {where}, token "
-                     f"{bad[0][1].first_divergence}); the table above shows the divergence")
+        first = bad[0][1].first_divergence
+        at = f"token {first}" if first is not None else "the draft totals differ"
+        check_failed(f"{len(bad)} of {len(results)} record(s) not reproduced (first: {where}, {at}); the report "
+                     "above shows where")
 
 
 def _trace_on_workers(transcript: str, records: list[Record], request_file: str | None, target, model: str,

@@ -160,8 +160,10 @@ def test_the_wrong_variant_given_by_hand_is_refused_by_the_first_entry(recorded,
     p, out = _recover(src, smollm2, b11434.bin_dir, "--server-cpu", other)
     assert p.returncode != 0 and not out.exists(), p.stderr[-2000:]
     errors = [line for line in p.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and f"the {other} CPU kernels given with --server-cpu are not the server's" in errors[0]
-    cpu = json.loads(p.stdout)["records"][0]["numerics"]["cpu"]
+    assert len(errors) == 1 and f"--server-cpu {other} is not the server's kernels" in errors[0]
+    report = json.loads(p.stdout)
+    assert f"the {other} CPU kernels given with --server-cpu are not the server's" in report["failure"]["detail"]
+    cpu = report["records"][0]["numerics"]["cpu"]
     assert (cpu["variant"], cpu["how"]) == (other, "given")
 
 

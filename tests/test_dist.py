@@ -98,9 +98,9 @@ def test_the_servers_rejection_path_keeps_the_distribution(lab_result):
 
 
 def test_dist_command_json(b11434):
-    r = CliRunner().invoke(main, ["dist", "-n", "40", "--paths", "a,e,f", "--json"])
+    r = CliRunner().invoke(main, ["dist", "--seeds", "40", "--paths", "a,e,f", "--json"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    out = json.loads(r.stdout)
     assert [p["key"] for p in out["paths"]] == ["a", "e", "f"]
     assert out["paths"][1]["counts"] == {"a": out["paths"][1]["runs_with_prefix"]}
 

@@ -57,6 +57,14 @@ class Command(click.Command):
     failure (SpecReplayError) exits 3, a bug 70 (SPEC_REPLAY_RAISE_ERRORS=1 re-raises both), Ctrl-C 130,
     a closed stdout (`| head`) quietly. Usage errors stay click's (exit 2)."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        """Parsing: a value the OS refuses while an option's type checks it (a path holding a NUL
+        byte, say) is a usage error, as a bad value is."""
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except (ValueError, OSError) as e:
+            raise click.UsageError(f"a bad argument: {e}", ctx=parent) from None
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)

@@ -7,7 +7,7 @@ Tiers, by marker (pyproject.toml):
     model         needs a real model: SmolLM2 or Gemma 3 (fetched into the cache on first use)
 
 `pytest -m "not build and not live_server and not model and not ray and not processes and not browser"`
-is the quick tier (about two minutes): it builds and downloads nothing, and starts no Ray head, no
+is the quick tier (about a minute): it builds and downloads nothing, and starts no Ray head, no
 worker processes and no browser (`ray`, `processes` and `browser` tests also build nothing, and run
 in the default suite). The fixtures below enforce the markers: a test that uses a build, a server
 or SmolLM2 without carrying the marker fails, so the quick tier cannot silently grow heavy.

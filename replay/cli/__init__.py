@@ -111,7 +111,8 @@ def _version_text() -> str:
     from replay.llamacpp.build import BuildSpec, find_built
     for profile in ("b11434", "0c1e570"):
         bins = find_built(BuildSpec(profile))
-        state = f"built, build_info {bins.build_info}, {bins.bin_dir}" if bins else "not built yet (spec-replay build)"
+        state = (f"built, build_info {bins.build_info}, {bins.bin_dir}" if bins else
+                 f"not built yet (spec-replay build --build {profile})")
         lines.append(f"llama-server {profile}: {state}")
     return "\n".join(lines)
 

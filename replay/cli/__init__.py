@@ -27,12 +27,11 @@ from replay.errors import Exit, SpecReplayError
 def _fail(ctx: click.Context, code: int, line: str, detail: str | None = None, kind: str = "error") -> None:
     """End the command with one `Error: ...` line on stderr (and the detail with -v), or, under
     --json, that error as JSON on stdout; exit `code` (errors.Exit)."""
-    params = ctx.params if ctx is not None else {}
-    if params.get("as_json"):
+    if ctx.params.get("as_json"):
         click.echo(json.dumps({"error": {"kind": kind, "message": line, "detail": detail, "exit_code": int(code)}},
                               indent=2))
-    _error_line(line, detail, params)
-    ctx.exit(int(code)) if ctx is not None else sys.exit(int(code))
+    _error_line(line, detail, ctx.params)
+    ctx.exit(int(code))
 
 
 def _error_line(line: str, detail: str | None, params: dict) -> None:
@@ -73,7 +72,7 @@ class Command(click.Command):
         except SpecReplayError as e:
             if os.environ.get("SPEC_REPLAY_RAISE_ERRORS"):
                 raise
-            _fail(ctx, e.exit_code or Exit.ERROR, str(e), getattr(e, "detail", None), type(e).__name__)
+            _fail(ctx, e.exit_code, str(e), e.detail, type(e).__name__)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             ctx.exit(Exit.INTERRUPTED)
@@ -93,10 +92,6 @@ class Command(click.Command):
 class Group(click.Group):
     command_class = Command
 
-
-def handle_errors(fn):
-    """Kept for commands defined outside Group (none today): the error handling lives in Command."""
-    return fn
 
 
 def _version_text() -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from replay.cli import handle_errors, main
+from replay.cli import main
 from replay.cli.options import given_flags, json_option, libllama_option, server_flags, verbose_option
 from replay.errors import Exit, KernelsError
 from replay.settings import BY_ATTR
@@ -34,7 +34,6 @@ def _token_rows(tokens: list[dict]) -> str:
 @libllama_option
 @server_flags("speculative", exclude=("draft_model",))
 @verbose_option
-@handle_errors
 def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, model: str | None,
           libllama: str | None, verbose: bool, **flags) -> None:
     """Check a running llama-server for placeholder probabilities.
@@ -123,7 +122,6 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
               help="alternatives the probe asks for per token (its n_probs)")
 @json_option("the audit (the shape of `check --json`)")
 @verbose_option
-@handle_errors
 def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, n_probs: int, as_json: bool,
          verbose: bool) -> None:
     """Start a speculating llama-server on tiny models and check it.

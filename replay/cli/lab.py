@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from replay.cli import handle_errors, main
+from replay.cli import main
 from replay.cli.options import BUILD, json_option, verbose_option
 
 PATHS = ("a", "b-greedy", "b-probabilistic", "c-greedy", "c-probabilistic", "d", "e", "f", "d-patched")
@@ -32,7 +32,6 @@ def progress_printer():
 @click.option("--patched-example", is_flag=True, help="also build and run llama-speculative with the --example patch")
 @json_option("the lab's counts and verdicts")
 @verbose_option
-@handle_errors
 def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, as_json: bool,
          verbose: bool) -> None:
     """Which speculative loops keep the target's distribution?

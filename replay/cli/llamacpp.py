@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from replay.cli import check_failed, handle_errors, main
+from replay.cli import check_failed, main
 from replay.cli.lab import progress_printer
 from replay.cli.options import BUILD, json_option, verbose_option
 
@@ -25,7 +25,6 @@ from replay.cli.options import BUILD, json_option, verbose_option
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="parallel compile jobs")
 @click.option("-q", "--quiet", is_flag=True, help="print only the binaries' directory")
 @verbose_option
-@handle_errors
 def build(profile: str, source: Path | None, patch: Path | None, cpu: str, jobs: int, quiet: bool,
           verbose: bool) -> None:
     """Build the real llama-server and its tools (cached).
@@ -59,7 +58,6 @@ def build(profile: str, source: Path | None, patch: Path | None, cpu: str, jobs:
               help="seeds per endpoint/stream/mode for --verify")
 @json_option("--verify's checks")
 @verbose_option
-@handle_errors
 def patch_cmd(source: Path | None, profile: str | None, output: Path | None, force: bool, example: bool,
               verify: bool, seeds: int, as_json: bool, verbose: bool) -> None:
     """Write a fix that makes llama-server report real probabilities.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from replay.cli import handle_errors, main
+from replay.cli import main
 from replay.cli.options import given_flags, server_flags, verbose_option
 from replay.errors import Exit, SpecReplayError, TranscriptError
 from replay.settings import flags_block
@@ -27,7 +27,6 @@ from replay.transcripts.format import ENDPOINTS
 @click.option("--force", is_flag=True, help="overwrite an existing output file")
 @server_flags("speculative", "context", "sampling")
 @verbose_option
-@handle_errors
 def record(url: str, request_file: str | None, requests_file: str | None, endpoint: str, output: str, force: bool,
            verbose: bool, **flags) -> None:
     """Record requests to a llama-server as replayable transcripts.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from replay.cli import check_failed, handle_errors, main
+from replay.cli import check_failed, main
 from replay.cli.kernels import choose_kernels, server_cpu_option
 from replay.cli.options import (
     BUILD,
@@ -150,7 +150,6 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="run the workers as Ray actors on this cluster (an address, or 'auto'); needs "
                    "pip install 'spec-replay[ray]'. --workers sets how many actors")
-@handle_errors
 def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
             shared_batches, as_json, html_file, force,
             verbose, libllama, server_cpu, output, in_place, resume, workers, ray_address, **flags) -> None:
@@ -295,7 +294,6 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
 
 @main.command()
 @_recover_options
-@handle_errors
 def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
          shared_batches, as_json, html_file, force,
          verbose, libllama, server_cpu, **flags) -> None:

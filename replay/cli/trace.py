@@ -9,7 +9,7 @@ from typing import Callable
 import click
 from tabulate import tabulate
 
-from replay.cli import check_failed, handle_errors, main
+from replay.cli import check_failed, main
 from replay.cli.kernels import choose_kernels, server_cpu_option
 from replay.cli.options import (
     BUILD,
@@ -49,7 +49,6 @@ from replay.transcripts.readers import Record
 @libllama_option
 @server_cpu_option
 @server_flags("speculative", "context", "sampling")
-@handle_errors
 def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, html_file, force, verbose,
           libllama, server_cpu, workers, **flags) -> None:
     """Replay the server's speculative loop step by step.

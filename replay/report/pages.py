@@ -57,11 +57,13 @@ def provenance(steps: Sequence[Any], emitted: Sequence[Any]) -> list[dict[str, A
     by_step: dict[int, list[Any]] = defaultdict(list)
     for e in emitted:
         by_step[e.step].append(e)
+    def outside() -> dict[str, Any]:
+        return {"kind": "outside", "q": None, "p": None, "u": None, "rejected": None}
     out: dict[int, dict[str, Any]] = {}
     for s in steps:
         for j, e in enumerate(by_step.pop(s.index, [])):
-            info: dict[str, Any] = {"kind": "outside", "q": None, "p": None, "u": None, "rejected": None}
-            if s.draft and j <= s.accepted and j < len(s.draft) + 1:
+            info = outside()
+            if s.draft and j <= s.accepted:  # a step emits its accepted drafts, then one more
                 if j < s.accepted:
                     info["kind"] = "accepted"
                 elif s.resampled is not None:
@@ -75,7 +77,7 @@ def provenance(steps: Sequence[Any], emitted: Sequence[Any]) -> list[dict[str, A
                         us = [_num(u) for u in s.uniforms[j] if u is not None]
                         info["u"] = us or None
             out[e.index] = info
-    return [out.get(e.index, {"kind": "outside", "q": None, "p": None, "u": None, "rejected": None}) for e in emitted]
+    return [out.get(e.index) or outside() for e in emitted]
 
 
 def trace_data(results: Iterable[tuple[str, Any]], piece: Callable[[int], str], *,

@@ -107,8 +107,9 @@ class RecoverResult:
 
     def to_json(self) -> dict:
         out = {"records": [r.to_json() for r in self.records], "summary": self.summary()}
-        if self._failure() is not None:
-            out["failure"] = {"line": self.failure(), "detail": self.failure_detail()}
+        failure = self._failure()
+        if failure is not None:
+            out["failure"] = {"line": failure[0], "detail": failure[1]}
         return out
 
     def failure(self) -> str | None:

@@ -31,6 +31,12 @@ from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.runtime import binding
 
 os.environ.setdefault("SPEC_REPLAY_TESTING", "1")
+# What runs on this host is known once for the whole run (runtime/health.py), also by the quick tier's
+# subprocesses, whose cache root is empty: a verdict is about the host, not about what was built.
+from replay.paths import cache_root  # noqa: E402
+from replay.runtime import health  # noqa: E402
+
+os.environ.setdefault(health.CACHE_ENV, str(cache_root() / "health"))
 
 # One libllama for the whole test process, whatever is in the build cache: llama-cpp-python's own.
 # In-process CLI calls then keep it (cli/options.py: choose_libllama); tests of the build's own

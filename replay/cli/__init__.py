@@ -95,20 +95,34 @@ class Group(click.Group):
 
 
 def _version_text() -> str:
-    """spec-replay's version, the libllama it evaluates with, and the servers built so far."""
+    """spec-replay's version, the libllama it evaluates with, the servers built so far, and which of
+    their kernels run on this host (runtime/health.py: probed once per host and library)."""
+    from replay.runtime import health
+    from replay.runtime.binding import bundled_dir
     lines = [f"spec-replay {__version__}"]
     try:
-        import llama_cpp
-        lines.append(f"in-process libllama: llama-cpp-python {llama_cpp.__version__}'s (vendored llama.cpp 0c1e570, "
-                     "CPU), or a transcript's build's own once built and callable (see --libllama)")
-    except ImportError as e:  # pragma: no cover - a broken install still prints a version
+        import importlib.metadata
+        version = importlib.metadata.version("llama_cpp_python")
+        verdict = health.health(bundled_dir(), health.NATIVE, bundled=True)
+        runs = "runs on this host" if verdict is None or verdict.runs() else verdict.describe("it").split(": ", 1)[1]
+        lines.append(f"in-process libllama: llama-cpp-python {version}'s (vendored llama.cpp 0c1e570, CPU; {runs}), "
+                     "or a transcript's build's own once built and callable (see --libllama)")
+    except Exception as e:  # pragma: no cover - a broken install still prints a version
         lines.append(f"in-process libllama: unavailable ({e})")
     from replay.llamacpp.build import BuildSpec, find_built
+    from replay.runtime.variants import host_cpu_flags, runnable
     for profile in ("b11434", "0c1e570"):
         bins = find_built(BuildSpec(profile))
-        state = (f"built, build_info {bins.build_info}, {bins.bin_dir}" if bins else
-                 f"not built yet (spec-replay build --build {profile})")
-        lines.append(f"llama-server {profile}: {state}")
+        if bins is None:
+            lines.append(f"llama-server {profile}: not built yet (spec-replay build --build {profile})")
+            continue
+        lines.append(f"llama-server {profile}: built, build_info {bins.build_info}, {bins.bin_dir}")
+        can = runnable(bins.cpu_variants, host_cpu_flags())
+        if can:
+            verdicts = health.verdicts(bins.bin_dir, can)
+            ok = [v for v in can if verdicts[v].runs()]
+            lines.append(f"  CPU variants that run on this host, best first: {', '.join(ok) or 'none'}")
+            lines += [f"  {verdicts[v].describe()}" for v in can if not verdicts[v].runs()]
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     from replay.commands.trace import Drafts, trace_prompt, trace_record
     from replay.commands.trace_state import ServerState
     from replay.runtime.gguf import check_gguf
-    from replay.runtime.llama import Model, set_verbose
+    from replay.runtime.llama import Model, model_params, set_verbose
     from replay.transcripts.files import read_request, refuse_existing, write_atomic
     from replay.transcripts.readers import read_file, read_source
     flags = given_flags(flags)
@@ -94,8 +94,8 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
                              request=request, model=str(Path(model).resolve()), flags=flags,
                              options=RecoverOptions(build=build, source=source and Path(source)),
                              server_cpu=server_cpu, quiet=as_json)
-    target = Model(model)
-    drafts = Drafts()
+    target = Model(model, **model_params(flags))
+    drafts = Drafts(model_params(flags))
     results: list[tuple[Record | None, TraceResult]] = []
     if workers > 1 and len(records) < 2:
         click.echo("note: one record: --workers does not apply", err=True)

@@ -34,10 +34,12 @@ class KernelChoice:
     how: str
     diff: float | None = None
     record: int | None = None  # the probed record (0-based)
-    equal: tuple[str, ...] = ()  # other variants that matched as exactly
+    equal: tuple[str, ...] = ()  # other candidates that matched as exactly (or compute this model alike)
     why: str | None = None
     diffs: tuple[tuple[str, float | None], ...] = ()
     spread: float | None = None  # how far the equal variants' one-token decodes are apart, where not exact
+    repack: bool | None = None  # the model is loaded with extra buffer types (None: not chosen here)
+    crashes: tuple[str, ...] = ()  # the variants that crash on this host, as runtime/health.py says it
 
     def describe(self) -> str:
         """The report's line.
@@ -48,6 +50,8 @@ class KernelChoice:
         'haswell (AVX2), the nearest: 0.0193 nats off the first entry of record 3 (no variant here matches; --server-backend)'
         """
         name = VARIANTS[self.variant].label if self.variant in VARIANTS else str(self.variant)
+        if self.repack is False:
+            name += " --no-repack"
         where = f"the first entry of record {self.record + 1}" if self.record is not None else "the first entry"
         if self.how == "matched":
             spread = f"; one-token decodes within {self.spread:.2g}" if self.spread else ""
@@ -64,13 +68,14 @@ class KernelChoice:
 
     def to_json(self) -> dict:
         return {"variant": self.variant, "how": self.how, "diff": self.diff, "record": self.record,
-                "equal": list(self.equal), "decode_spread": self.spread, "why": self.why, "probes": {v: d for v, d in self.diffs},
+                "equal": list(self.equal), "decode_spread": self.spread, "why": self.why,
+                "probes": {v: d for v, d in self.diffs}, "repack": self.repack, "crashes": list(self.crashes),
                 "description": self.describe()}
 
 
 def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_nearest: str | None = None,
                    not_runnable: Sequence[str] = (), witnesses: Sequence[int] = (),
-                   tolerance: float = EXACT) -> KernelChoice:
+                   tolerance: float = EXACT, crashes: Sequence[str] = ()) -> KernelChoice:
     """The variant whose probe is exact (`probes` best-first: the first exact one, the other exact ones
     named, the witness record that matched kept). Exact ones whose one-token decodes of the tokens after
     it (Probe.decode) differ from the first's by more than `tolerance` (the precision recover promises,
@@ -83,8 +88,9 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
       `witnesses` probed);
     - `allow_nearest` (why a stated-precision replay is allowed: --server-backend, --shared-batches):
       the nearest, named with its distance;
-    - else KernelsError naming the nearest, its distance, the likely causes and `not_runnable`
-      (variants the library has but this CPU cannot run).
+    - else KernelsError naming the nearest, its distance, the likely causes, `not_runnable`
+      (variants the library has but this CPU cannot run) and `crashes` (runtime/health.py's lines on
+      variants whose kernels crash on this host: a server that computed with them needs another host).
 
     >>> ps = [Probe("haswell", 0.0193, record=0), Probe("sse42", 0.0, record=2), Probe("x64", 0.0, record=2)]
     >>> c = choose_variant(ps); c.variant, c.equal, c.record
@@ -94,14 +100,14 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
     >>> choose_variant([Probe("haswell", 0.08, record=1), Probe("x64", 0.03, record=3)], shared="a 4-slot server").variant
     'haswell'
     """
-    diffs = tuple((p.variant, p.diff) for p in probes)
+    diffs = tuple((p.label, p.diff) for p in probes)
     exact = [p for p in probes if p.diff is not None and p.diff <= EXACT]
     if exact:
         lead = exact[0]
         apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
         differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
         if differ:
-            names = ", ".join(p.variant for p in [lead, *(p for p, _ in differ)])
+            names = ", ".join(p.label for p in [lead, *(p for p, _ in differ)])
             head = (f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
                     "of the tokens after it differ")
             raise KernelsError(f"{head}: give --server-cpu VARIANT, the one the server loaded").with_detail(
@@ -109,11 +115,12 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
                 "the server's; give --server-cpu with the variant its llama.cpp loaded (the server's log names it: "
                 "load_backend: loaded CPU backend from ...libggml-cpu-<variant>.so)")
         spread = max((d for _, d in apart if d is not None), default=None)
-        return KernelChoice(lead.variant, "matched", lead.diff, lead.record, tuple(p.variant for p, _ in apart),
-                            diffs=diffs, spread=spread if spread and spread > EXACT else None)
+        equal = (*lead.same, *(x for p, _ in apart for x in (p.label, *p.same)))
+        return KernelChoice(lead.variant, "matched", lead.diff, lead.record, equal, diffs=diffs,
+                            spread=spread if spread and spread > EXACT else None, repack=lead.repack)
     measured = sorted((p for p in probes if p.diff is not None), key=lambda p: p.diff)
     if not measured:
-        errors = "; ".join(f"{p.variant}: {p.error}" for p in probes) or "no CPU variant to evaluate"
+        errors = "; ".join(f"{p.label}: {p.error}" for p in probes) or "no CPU variant to evaluate"
         which = f"record {probes[0].record + 1}'s first entry" if probes and probes[0].record is not None else \
             "the first entry"
         distinct = list(dict.fromkeys(str(p.error) for p in probes))
@@ -126,24 +133,32 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
     near = measured[0]
     if shared:
         seen = sorted(set(witnesses) or {p.record for p in measured if p.record is not None})
-        return KernelChoice(probes[0].variant, "unknown", None, None, diffs=diffs,
+        return KernelChoice(probes[0].variant, "unknown", None, None, diffs=diffs, repack=probes[0].repack,
                             why=f"{shared}; no variant reproduces the first entry of {records_named(seen)}, and batches "
                                 f"shared with other requests move a first entry as far as other kernels do (nearest "
-                                f"{near.variant} {near.diff:.3g} nats off)")
+                                f"{near.label} {near.diff:.3g} nats off)")
     if allow_nearest:
-        return KernelChoice(near.variant, "nearest", near.diff, near.record, why=allow_nearest, diffs=diffs)
-    others = ", ".join(f"{p.variant} {p.diff:.3g}" for p in measured[1:4])
+        return KernelChoice(near.variant, "nearest", near.diff, near.record, why=allow_nearest, diffs=diffs,
+                            repack=near.repack)
+    others = ", ".join(f"{p.label} {p.diff:.3g}" for p in measured[1:4])
     beyond = f" ({', '.join(not_runnable)} are built but this CPU cannot run them)" if not_runnable else ""
     where = f"record {near.record + 1}'s first entry" if near.record is not None else "the first entry"
     head = (f"{where} matches none of this host's CPU kernels (nearest "
-            f"{VARIANTS[near.variant].label if near.variant in VARIANTS else near.variant} {near.diff:.3g} nats off")
+            f"{VARIANTS[near.variant].label if near.variant in VARIANTS else near.variant}"
+            f"{'' if near.repack else ' --no-repack'} {near.diff:.3g} nats off")
     cannot = f"; {', '.join(not_runnable)} not runnable here" if not_runnable else ""
+    crashed = [c.split(":")[0] for c in crashes]
+    if crashed:
+        cannot += f"; {', '.join(crashed)} crash{'es' if len(crashed) == 1 else ''} here"
+    needs = (f"kernels this host cannot run ({', '.join(crashed)}: recover on a host that runs them), a GPU or "
+             "another CPU?" if crashed else "a GPU or another CPU?")
     raise KernelsError(
-        f"{head}{cannot}): a GPU or another CPU? "
+        f"{head}{cannot}): {needs} "
         "--server-backend NAME recovers at stated precision").with_detail(
         f"{head}{'; ' + others if others else ''}): the server computed on a GPU, another CPU architecture, a native "
-        f"build with other flags, or a CPU variant this host cannot run{beyond}; give --server-backend NAME to "
-        "recover at stated precision on the nearest")
+        f"build with other flags, or a CPU variant this host cannot run{beyond}"
+        + "".join(f"; {c}" for c in crashes) + "; give --server-backend NAME to recover at stated precision on the "
+        "nearest")
 
 
 def decode_distance(a: Probe, b: Probe) -> float | None:

@@ -53,6 +53,32 @@ class Probe:
     # differently (measured: sse42 and x64 equal on long prompts' first entries, then 0.05 to 0.6 nats
     # apart from the second, third or fourth token on)
     decode: tuple[float, ...] | None = None
+    repack: bool = True  # with extra buffer types (llama.cpp's default) or without (--no-repack)
+    # the other candidates whose kernel signature (runtime/signature.py) is this one's: they compute this
+    # model bit for bit alike, so this probe stands for them
+    same: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The candidate as reports name it.
+
+        >>> Probe("zen4", 0.0).label, Probe("zen4", 0.0, repack=False).label
+        ('zen4', 'zen4 --no-repack')
+        """
+        return self.variant if self.repack else f"{self.variant} --no-repack"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Kernels a transcript may have been computed with: a CPU variant, with or without extra buffer
+    types (llama-server's --no-repack)."""
+
+    variant: str
+    repack: bool = True
+
+    @property
+    def label(self) -> str:
+        return self.variant if self.repack else f"{self.variant} --no-repack"
 
 
 def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = WITNESSES) -> list[int]:
@@ -85,39 +111,66 @@ def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover
     os.environ[binding.VARIANT_ENV] = variant
 
 
+Outcome = tuple  # (record, diff | None, error | None, decode signature | None, repack, kernel signature | None)
+
+
 def _child_probe(text: str, source: str, request: dict | None, indices: Sequence[int], model: str, flags: dict,
-                 options, variant: str, exact: float | None
-                 ) -> list[tuple[int, float | None, str | None, tuple | None]]:  # pragma: no cover - in the child
+                 options, variant: str, exact: float | None, repacks: Sequence[bool],
+                 signatures: Sequence[bool]) -> list[Outcome]:  # pragma: no cover - in the child
+    """Each of `repacks` in turn (the model loaded with or without extra buffer types): the witnesses'
+    first entries (until one is within `exact`) and, where `signatures` asks, the model's kernel
+    signature on the first witness's context."""
     from replay.commands.recover import Recoverer
     from replay.runtime.binding import loaded_variant
     from replay.transcripts.readers import read_text
     try:
         if loaded_variant() != variant:
-            return [(indices[0], None, f"loaded {loaded_variant()} instead of {variant}", None)]
+            return [(indices[0], None, f"loaded {loaded_variant()} instead of {variant}", None, r, None) for r in repacks]
         records = read_text(text, source, request)
-        r = Recoverer(model, flags, replace(options, only_entries=1 + DECODES))
     except SpecReplayError as e:
-        return [(indices[0], None, str(e), None)]
-    out: list[tuple[int, float | None, str | None, tuple | None]] = []
-    try:
-        for k in indices:
-            try:
-                rep = r.recover(records[k]).report
-            except SpecReplayError as e:
-                out.append((k, None, str(e), None))
-                continue
-            pairs = rep.tokens[0].real_pairs if rep.tokens else ()
-            if not pairs:
-                out.append((k, None, rep.error or "the first entry carries no real value to compare", None))
-                continue
-            later = [t for t in rep.tokens[1:] if t.true_logprob is not None]
-            decode = tuple(v for t in later for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))) or None
-            out.append((k, max(abs(a - b) for a, b in pairs), None, decode))
-            if exact is not None and out[-1][1] <= exact:
-                break
-    finally:
-        r.close()
+        return [(indices[0], None, str(e), None, r, None) for r in repacks]
+    out: list[Outcome] = []
+    for repack, want_sig in zip(repacks, signatures):
+        try:
+            r = Recoverer(model, {**flags, "no_repack": not repack}, replace(options, only_entries=1 + DECODES))
+        except SpecReplayError as e:
+            out.append((indices[0], None, str(e), None, repack, None))
+            continue
+        try:
+            sig = _signature(r, records[indices[0]]) if want_sig else None
+            for k in indices:
+                try:
+                    rep = r.recover(records[k]).report
+                except SpecReplayError as e:
+                    out.append((k, None, str(e), None, repack, sig))
+                    continue
+                pairs = rep.tokens[0].real_pairs if rep.tokens else ()
+                if not pairs:
+                    out.append((k, None, rep.error or "the first entry carries no real value to compare", None,
+                                repack, sig))
+                    continue
+                later = [t for t in rep.tokens[1:] if t.true_logprob is not None]
+                decode = tuple(v for t in later for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))) or None
+                out.append((k, max(abs(a - b) for a, b in pairs), None, decode, repack, sig))
+                if exact is not None and out[-1][1] <= exact:
+                    break
+        finally:
+            r.close()
     return out
+
+
+def _signature(r, rec: Record) -> str | None:  # pragma: no cover - in the child
+    """The model's kernel signature on the context `rec` is replayed with (runtime/signature.py)."""
+    from replay.runtime.signature import kernel_signature
+    from replay.settings import resolve
+    from replay.settings.config import thread_count
+    cfg = resolve("context", flags=r.flags, recorded=rec.flags, props=rec.props)
+    try:
+        return kernel_signature(r.model, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, flash_attn=cfg.flash_attn,
+                                type_k=cfg.cache_type_k, type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
+                                threads=thread_count(cfg))
+    except SpecReplayError:
+        return None
 
 
 def _file_id(path: Path) -> list:
@@ -125,28 +178,50 @@ def _file_id(path: Path) -> list:
     return [str(path.resolve()), st.st_size, st.st_mtime_ns]
 
 
+def _lib_files(lib: Path | None, variant: str) -> list | None:
+    """The library's files a variant computes with (its own CPU backend, not the other variants')."""
+    from replay.runtime.variants import PREFIX
+    if lib is None:
+        return None
+    return [_file_id(f) for f in sorted(Path(lib).glob("lib*.so*"))
+            if f.is_file() and (not f.name.startswith(PREFIX) or f.name.startswith(f"{PREFIX}{variant}."))]
+
+
 def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model: str | Path, flags: dict, options,
-              libllama: Path | None, variant: str, until_exact: float | None) -> str:
+              libllama: Path | None, variant: str, until_exact: float | None, repack: bool = True) -> str:
     """What a probe's result depends on, hashed: the transcript's text and request, the witnesses, the
     model file and the variant's library (by path, size and mtime), the flags, the options that change
     what a witness evaluates to (PROBE_OPTIONS: not the tolerance, the output or the prefix reuse,
-    which is exact), and the decode count. recover and trace, and a second run with other output
-    options, share their probes."""
-    lib = Path(libllama) if libllama else None
+    which is exact), the decode count and the repack. recover and trace, and a second run with other
+    output options, share their probes."""
     parts = {"text": hashlib.sha256(text.encode()).hexdigest(), "request": request, "indices": list(indices),
              "model": _file_id(Path(model)),
-             "flags": {k: repr(v) for k, v in sorted(flags.items()) if k not in THREAD_FLAGS},
+             "flags": {k: repr(v) for k, v in sorted(flags.items()) if k not in THREAD_FLAGS + ("no_repack",)},
              "options": {f: repr(getattr(options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
-             "decodes": DECODES,
-             "lib": None if lib is None else [_file_id(f) for f in sorted(lib.glob("lib*.so*")) if f.is_file()],
-             "variant": variant}
+             "decodes": DECODES, "lib": _lib_files(libllama, variant), "variant": variant, "repack": repack}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def signature_key(*, model: str | Path, libllama: Path | None, variant: str, repack: bool, context: dict) -> str:
+    """What a model's kernel signature depends on: this host, the model file, the variant's library
+    files, the repack, and the context settings that choose kernels (`context`); not the transcript."""
+    from replay.runtime.health import host_identity
+    from replay.runtime.signature import VERSION
+    parts = {"host": host_identity(), "model": _file_id(Path(model)), "lib": _lib_files(libllama, variant),
+             "variant": variant, "repack": repack, "context": context, "version": VERSION}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# the context settings that choose kernels, by attr (runtime/signature.py)
+SIGNATURE_CONTEXT = ("n_batch", "n_ubatch", "flash_attn", "cache_type_k", "cache_type_v", "swa_full")
 
 
 class ProbeCache:
     """Probe results kept under the cache root (kernels/<key>.json): a transcript recovered or traced
     again, unchanged, with the same model, library and options, is not probed again. A result that
-    is not whole (an error) is not kept."""
+    is not whole (an error) is not kept. Kernel signatures are kept beside them (kernels/sig-<key>),
+    per host, model, library, variant and repack: another transcript of the same model probes one
+    candidate of each class of equal signatures."""
 
     def __init__(self, root: Path | None):
         self.root = root
@@ -157,18 +232,33 @@ class ProbeCache:
         try:
             d = json.loads((self.root / f"{key}.json").read_text())
             return Probe(d["variant"], d["diff"], d.get("error"), d.get("record"),
-                         tuple(d["decode"]) if d.get("decode") is not None else None)
+                         tuple(d["decode"]) if d.get("decode") is not None else None, bool(d.get("repack", True)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def put(self, key: str, probe: Probe) -> None:
         if self.root is None or probe.diff is None:
             return
+        self._write(f"{key}.json", json.dumps({**asdict(probe), "same": []}))
+
+    def signature(self, key: str) -> str | None:
+        if self.root is None:
+            return None
+        try:
+            return (self.root / f"sig-{key}").read_text().strip() or None
+        except OSError:
+            return None
+
+    def put_signature(self, key: str, sig: str | None) -> None:
+        if self.root is not None and sig:
+            self._write(f"sig-{key}", sig)
+
+    def _write(self, name: str, text: str) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.root / f".{key}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(asdict(probe)))
-            os.replace(tmp, self.root / f"{key}.json")
+            tmp = self.root / f".{name}.{os.getpid()}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, self.root / name)
         except OSError:  # a read-only cache is no error: the probe is run again next time
             pass
 
@@ -179,45 +269,89 @@ def default_cache() -> ProbeCache:
     return ProbeCache(None if os.environ.get("SPEC_REPLAY_PROBE_CACHE") == "0" else cache_root() / "kernels")
 
 
-def probe_variants(variants: Sequence[str], *, text: str, source: str, request: dict | None,
+def classes(candidates: Sequence[Candidate], signature: Callable[[Candidate], str | None]
+            ) -> list[list[Candidate]] | None:
+    """The candidates grouped by equal kernel signature, best first within and between groups, or None
+    when one's signature is not known (then every candidate is probed).
+
+    >>> cs = [Candidate("zen4"), Candidate("zen4", False), Candidate("icelake"), Candidate("icelake", False)]
+    >>> sig = {"zen4": "a", "zen4 --no-repack": "b", "icelake": "a", "icelake --no-repack": "b"}
+    >>> [[c.label for c in g] for g in classes(cs, lambda c: sig[c.label])]
+    [['zen4', 'icelake'], ['zen4 --no-repack', 'icelake --no-repack']]
+    >>> classes(cs, lambda c: None) is None
+    True
+    """
+    groups: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        sig = signature(c)
+        if sig is None:
+            return None
+        groups.setdefault(sig, []).append(c)
+    return list(groups.values())
+
+
+def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: str, request: dict | None,
                    indices: Sequence[int], model: str | Path, flags: dict, options, libllama: Path | None,
                    progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None,
-                   cache: ProbeCache | None = None) -> list[Probe]:
-    """Evaluate the first entries of records `indices` (witnesses, best first) under each of `variants`
-    (one spawned process each, one after another: each uses the machine's cores). With `until_exact`, a
-    variant's witnesses are evaluated until one is within it, and once a variant has such a witness the
-    variants after it evaluate that witness only: every variant is probed, since the ones that equal the
-    server's on it must also be told apart by their one-token decodes (Probe.decode). A worker that dies
-    is that variant's error. `cache` keeps and returns results (probe_key)."""
+                   cache: ProbeCache | None = None, context: dict | None = None) -> list[Probe]:
+    """Evaluate the first entries of records `indices` (witnesses, best first) under each candidate
+    (a CPU variant, with or without extra buffer types), one spawned process per variant, one after
+    another (each uses the machine's cores), its repack modes in turn. With `until_exact`, a
+    candidate's witnesses are evaluated until one is within it, and once one has such a witness the
+    candidates after it evaluate that witness only: every class is probed, since the ones that equal
+    the server's on it must also be told apart by their one-token decodes (Probe.decode).
+
+    Candidates whose kernel signatures (runtime/signature.py, on `context`: the settings that choose
+    kernels) are known and equal compute this model bit for bit alike: only the first of each class is
+    probed, and its Probe names the others (`same`). Signatures not known yet are computed by the
+    probes that run (and kept in `cache`). A worker that dies is that candidate's error."""
+    cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
+    sig_keys = {c: signature_key(model=model, libllama=libllama, variant=c.variant, repack=c.repack,
+                                 context=context or {}) for c in cands} if cache is not None else {}
+    grouped = classes(cands, lambda c: cache.signature(sig_keys[c]) if cache is not None else None)
+    reps = [g[0] for g in grouped] if grouped is not None else cands
+    same = {g[0]: tuple(c.label for c in g[1:]) for g in grouped} if grouped is not None else {}
     out: list[Probe] = []
     ctx = mp.get_context("spawn")
-    for v in variants:
+    by_variant = list(dict.fromkeys(c.variant for c in reps))
+    for v in by_variant:
+        mine = [c for c in reps if c.variant == v]
         if until_exact is not None and any(p.diff is not None and p.diff <= until_exact for p in out):
             indices = [next(p.record for p in out if p.diff is not None and p.diff <= until_exact)]
-        key = probe_key(text=text, request=request, indices=indices, model=model, flags=flags, options=options,
-                        libllama=libllama, variant=v, until_exact=until_exact) if cache is not None else ""
-        kept = cache.get(key) if cache is not None else None
-        if kept is not None:
-            out.append(kept)
+        keys = {c: probe_key(text=text, request=request, indices=indices, model=model, flags=flags, options=options,
+                             libllama=libllama, variant=v, until_exact=until_exact, repack=c.repack)
+                for c in mine} if cache is not None else {}
+        kept = {c: cache.get(keys[c]) for c in mine} if cache is not None else {}
+        todo = [c for c in mine if kept.get(c) is None or (cache is not None and cache.signature(sig_keys[c]) is None)]
+        got: list[Outcome] = []
+        if todo:
+            try:
+                with cf.ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_init,
+                                            initargs=(str(libllama) if libllama else None, v)) as pool:
+                    got = pool.submit(_child_probe, text, source, request, list(indices), str(model), dict(flags),
+                                      options, v, until_exact, [c.repack for c in todo],
+                                      [cache is not None and cache.signature(sig_keys[c]) is None for c in todo]
+                                      ).result()
+            except cf.process.BrokenProcessPool:
+                got = [(indices[0], None, "the worker process died", None, c.repack, None) for c in todo]
+        for c in mine:
+            if c not in todo:
+                probe = replace(kept[c], same=same.get(c, ()))
+            else:
+                mine_got = [g for g in got if g[4] == c.repack]
+                sig = next((g[5] for g in mine_got if g[5]), None)
+                if cache is not None:
+                    cache.put_signature(sig_keys[c], sig)
+                measured = [(d, k, dsig) for k, d, _, dsig, _, _ in mine_got if d is not None]
+                if measured:
+                    diff, k, dsig = min(measured, key=lambda m: (m[0], m[1]))
+                    probe = Probe(v, diff, record=k, decode=dsig, repack=c.repack, same=same.get(c, ()))
+                else:
+                    errors = "; ".join(dict.fromkeys(e for _, _, e, _, _, _ in mine_got if e)) or "no result"
+                    probe = Probe(v, None, errors, record=(mine_got or [(indices[0],)])[0][0], repack=c.repack)
+                if cache is not None:
+                    cache.put(keys[c], probe)
+            out.append(probe)
             if progress is not None:
-                progress(v, kept)
-            continue
-        try:
-            with cf.ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_init,
-                                        initargs=(str(libllama) if libllama else None, v)) as pool:
-                got = pool.submit(_child_probe, text, source, request, list(indices), str(model), dict(flags),
-                                  options, v, until_exact).result()
-        except cf.process.BrokenProcessPool:
-            got = [(indices[0], None, "the worker process died", None)]
-        measured = [(d, k, sig) for k, d, _, sig in got if d is not None]
-        if measured:
-            diff, k, sig = min(measured, key=lambda m: (m[0], m[1]))
-            probe = Probe(v, diff, record=k, decode=sig)
-        else:
-            probe = Probe(v, None, "; ".join(dict.fromkeys(e for _, _, e, _ in got if e)), record=got[0][0])
-        if cache is not None:
-            cache.put(key, probe)
-        out.append(probe)
-        if progress is not None:
-            progress(v, probe)
+                progress(c.label, probe)
     return out

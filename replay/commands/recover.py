@@ -30,7 +30,7 @@ from replay.report.recovery import RecordReport, RecoverResult
 from replay.report.repair import Outcome, repair_record, serialise
 from replay.runtime.backend import kernels_differ, replay_backend, server_backend
 from replay.runtime.binding import loaded_path
-from replay.runtime.llama import Context, Model
+from replay.runtime.llama import Context, Model, model_params
 from replay.schedule.memory import SlotMemory, checkpoint_rules, min_step_given, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
@@ -129,7 +129,8 @@ class Recoverer:
         self.flags = dict(flags or {})
         self.options = options or RecoverOptions()
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
-        self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers)
+        self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,
+                                                                  **model_params(self.flags))
         self._ctx: Context | None = None
         self._ctx_key: tuple | None = None
         self._slot: SlotMemory | None = None

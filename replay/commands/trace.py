@@ -289,12 +289,13 @@ def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | No
 class Drafts:
     """Draft models by path, loaded once for a run over many records."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: dict | None = None) -> None:
         self._models: dict[str, Model] = {}
+        self.params = dict(params or {})  # Model's load arguments: the server's (runtime/llama.py model_params)
 
     def get(self, path: str) -> Model:
         if path not in self._models:
-            self._models[path] = Model(check_gguf(path))
+            self._models[path] = Model(check_gguf(path), **self.params)
         return self._models[path]
 
 

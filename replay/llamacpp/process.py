@@ -21,6 +21,7 @@ from typing import Any
 
 from replay.errors import ServerError
 from replay.llamacpp.http import get_json
+from replay.llamacpp.kernels import Kernels, runnable_program
 from replay.settings import BY_ATTR, SETTINGS, flags_block
 
 _live: set[subprocess.Popen] = set()
@@ -128,6 +129,7 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
+        self.kernels: Kernels | None = None  # what it computes with: the best CPU variant that runs here
 
     def __enter__(self) -> "LlamaServer":
         self.start()
@@ -139,8 +141,11 @@ class LlamaServer:
     def start(self) -> None:
         if self.proc is not None:
             raise RuntimeError("server already started")
-        cmd = [str(self.binary), *self.config.args(), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.kernels = runnable_program(self.binary, repack=not self.config.get("no_repack"))
+        cmd = [str(self.kernels.program), *self.config.args(), "--host", "127.0.0.1", "--port", str(self.port)]
         log = open(self.log_path, "wb")
+        log.write(f"spec-replay: {self.kernels.program} computes with {self.kernels.describe()}\n".encode())
+        log.flush()
         env = dict(os.environ)
         env.pop("LLAMA_ARG_HOST", None)
         # a new session: Ctrl-C in a terminal reaches us, and we stop it ourselves

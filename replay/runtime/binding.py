@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replay.errors import BindingError
-
-ENV = "SPEC_REPLAY_LIBLLAMA"
-VARIANT_ENV = "SPEC_REPLAY_CPU_VARIANT"  # which libggml-cpu-<variant>.so of a release-style build to load
+from replay.runtime import health as _health
+from replay.runtime.health import LIB_ENV as ENV
+from replay.runtime.health import VARIANT_ENV  # which libggml-cpu-<variant>.so of a release-style build to load
 
 # What the replay passes to libllama: structs (by value or through pointers) ...
 STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_token_data",
@@ -219,11 +219,13 @@ def check_library(lib: Path, header: Path | None) -> list[str]:
 _loaded: types.ModuleType | None = None
 _loaded_path: Path | None = None
 _loaded_variant: str | None = None  # the CPU variant in use (None: a build with one ggml-cpu linked in)
+_loaded_health: "_health.Health | None" = None  # its verdict on this host (runtime/health.py)
 
 
 def use_cpu_variant(name: str | None) -> None:
     """Load this CPU variant of a release-style libllama (runtime/variants.py) when the binding loads,
-    here and in worker processes; None: the best one this host runs, as llama-server would."""
+    here and in worker processes; None: the best one that runs on this host (by its CPU flags, as
+    llama-server picks, then by the health verdicts: runtime/health.py)."""
     if _loaded is not None and name is not None and name != _loaded_variant:
         raise BindingError(f"the {_loaded_variant or 'linked-in'} CPU kernels are already loaded in this process; "
                            f"cannot switch to {name}")
@@ -269,18 +271,23 @@ def loaded_path() -> Path | None:
 
 
 def load() -> types.ModuleType:
-    """Import llama_cpp over the chosen libllama (SPEC_REPLAY_LIBLLAMA, else the binding's own)."""
-    global _loaded, _loaded_path, _loaded_variant
+    """Import llama_cpp over the chosen libllama (SPEC_REPLAY_LIBLLAMA, else the binding's own), with
+    the chosen CPU variant (SPEC_REPLAY_CPU_VARIANT, else the best that runs here), once the library
+    and variant are known to run on this host (runtime/health.py: probed in a subprocess first)."""
+    global _loaded, _loaded_path, _loaded_variant, _loaded_health
     if _loaded is not None:
         return _loaded
     want = os.environ.get(ENV)
     if not want:
+        _loaded_health = _require_runs(bundled_dir(), None, bundled=True)
         import llama_cpp
         _loaded = llama_cpp
         return llama_cpp
     lib = library_file(Path(want))
     if lib is None:
         raise BindingError(f"{ENV}={want}: no libllama.so there")
+    name = _cpu_variant_to_load(lib.parent, os.environ.get(VARIANT_ENV) or None)
+    _loaded_health = _require_runs(lib.parent, name)
     os.environ["LLAMA_CPP_LIB_PATH"] = str(lib.parent)
     absent_names: list[str] = []
     original = ctypes.CDLL.__getattr__
@@ -304,17 +311,48 @@ def load() -> types.ModuleType:
     used_absent = sorted(set(absent_names) & set(FUNCTIONS))
     if used_absent:
         raise BindingError(f"{lib} lacks {', '.join(used_absent)}, which the replay calls")
-    _loaded_variant = _load_cpu_backend(lib.parent, os.environ.get(VARIANT_ENV) or None)
+    _loaded_variant = _load_cpu_backend(lib.parent, name)
     _loaded, _loaded_path = llama_cpp, lib.resolve()
     return llama_cpp
 
 
-def _load_cpu_backend(bin_dir: Path, name: str | None) -> str | None:
-    """A release-style build (GGML_BACKEND_DL) links no CPU backend in: load the variant `name`, or the
-    best this host runs (runtime/variants.py: runnable), with ggml_backend_load before anything else
-    asks for a backend (llama_backend_init would scan the Python executable's directory instead:
-    src/llama.cpp:122-135, ggml-backend-reg.cpp:480-502). None for a build without variants."""
-    from replay.runtime.variants import host_cpu_flags, library_of, runnable, variants_in
+def bundled_dir() -> Path:
+    """Where llama-cpp-python keeps its own libllama and ggml (llama_cpp/lib), without loading them."""
+    return _binding_module() / "lib"
+
+
+def library_label(lib_dir: Path | None) -> str:
+    return "llama-cpp-python's own libllama" if lib_dir is None or Path(lib_dir) == bundled_dir() else \
+        f"the libllama in {lib_dir}"
+
+
+def _require_runs(lib_dir: Path, variant: str | None, *, bundled: bool = False) -> "_health.Health | None":
+    """The verdict on the library (and variant) about to be loaded; a BindingError when it does not
+    run here even without extra buffer types. The probe's own process loads what it is told to."""
+    if os.environ.get(_health.CHILD_ENV):
+        return None
+    h = _health.health(lib_dir, variant or _health.NATIVE, bundled=bundled)
+    assert h is not None
+    if not h.runs(repack=False):
+        what = f"the {variant} CPU kernels of {lib_dir}" if variant else library_label(None if bundled else lib_dir)
+        fix = (" (scripts/setup builds one that runs here)" if bundled else
+               "; give --server-cpu another variant" if variant else "")
+        raise BindingError(h.describe(what) + fix)
+    return h
+
+
+def loaded_health() -> "_health.Health | None":
+    """The verdict on the library and variant loaded in this process (None: not judged, in the probe
+    itself), loading the binding if needed."""
+    load()
+    return _loaded_health
+
+
+def _cpu_variant_to_load(bin_dir: Path, name: str | None) -> str | None:
+    """The variant of a release-style build to load: `name`, checked against what this CPU has, or
+    the best this host runs with extra buffer types (runtime/variants.py: runnable, then the health
+    verdicts); None for a build with one CPU backend linked in."""
+    from replay.runtime.variants import host_cpu_flags, runnable, variants_in
     present = variants_in(bin_dir)
     if not present:
         if name:
@@ -325,11 +363,28 @@ def _load_cpu_backend(bin_dir: Path, name: str | None) -> str | None:
     if name is None:
         if not can:
             raise BindingError(f"this CPU runs none of the CPU variants in {bin_dir} ({', '.join(present)})")
-        name = can[0]
-    elif name not in present:
+        if os.environ.get(_health.CHILD_ENV):
+            return can[0]
+        best, failed = _health.first_that_runs(bin_dir, can)
+        if best is None:
+            raise BindingError(f"none of the CPU variants in {bin_dir} runs on this host: "
+                               + "; ".join(h.describe() for h in failed))
+        return best
+    if name not in present:
         raise BindingError(f"{bin_dir} has no {name} CPU variant (it has {', '.join(present)})")
-    elif name not in can:
+    if name not in can:
         raise BindingError(f"this CPU cannot run the {name} CPU variant (it runs {', '.join(can) or 'none'})")
+    return name
+
+
+def _load_cpu_backend(bin_dir: Path, name: str | None) -> str | None:
+    """A release-style build (GGML_BACKEND_DL) links no CPU backend in: load the variant `name`
+    (_cpu_variant_to_load) with ggml_backend_load before anything else asks for a backend
+    (llama_backend_init would scan the Python executable's directory instead: src/llama.cpp:122-135,
+    ggml-backend-reg.cpp:480-502). None for a build without variants."""
+    from replay.runtime.variants import library_of
+    if name is None:
+        return None
     ggml = ctypes.CDLL(str(bin_dir / "libggml.so"))
     ggml.ggml_backend_load.argtypes, ggml.ggml_backend_load.restype = [ctypes.c_char_p], ctypes.c_void_p
     # ggml's "load_backend: loaded CPU backend from ..." goes to stderr before llama_log_set can route it

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from replay.errors import DecodeError, ModelError
-from replay.runtime.binding import L
+from replay.runtime.binding import L, loaded_health
 from replay.runtime.gguf import check_gguf
 from replay.settings.cache_types import GGML_CACHE_TYPES
 
@@ -29,12 +29,23 @@ from replay.settings.cache_types import GGML_CACHE_TYPES
 _verbose = bool(os.environ.get("SPEC_REPLAY_VERBOSE"))
 
 
+_sinks: list = []  # callables given each line libllama logs (add_log_sink), besides stderr with -v
+
+
 def _log(level, text, user_data):  # pragma: no cover - C callback
+    for sink in _sinks:
+        sink(text.decode("utf-8", "replace"))
     if _verbose:
         try:
             os.write(2, text)
         except OSError:
             pass
+
+
+def add_log_sink(sink) -> None:
+    """Give `sink` every line libllama logs from now on (the health probe reads the buffer types the
+    model's weights took from them)."""
+    _sinks.append(sink)
 
 
 _log_cb = None  # the ctypes callback, made once the binding is loaded and kept alive here
@@ -82,11 +93,21 @@ class _Owner:
 class Model(_Owner):
     """A loaded GGUF model and its vocabulary."""
 
-    def __init__(self, path: Path | str, *, n_gpu_layers: int = 0):
+    def __init__(self, path: Path | str, *, n_gpu_layers: int = 0, use_extra_bufts: bool = True,
+                 no_host: bool = False):
         _backend()
         self.path = check_gguf(path)
+        verdict = loaded_health()
+        if use_extra_bufts and verdict is not None and not verdict.runs(repack=True):
+            raise ModelError(verdict.describe(f"the {verdict.name} kernels loaded here") + ": load the model with "
+                             "--no-repack only if the server ran so; else recover on a host that runs them")
         params = L.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers  # runtime/backend.py: 0 unless this libllama can offload
+        # llama-server's --no-repack (-nr) and --no-host (common/arg.cpp): no extra buffer types (the CPU
+        # repack of Q4_0/Q4_K/IQ4_NL/Q8_0 weights, AMX), no host buffer; both change the kernels
+        params.use_extra_bufts = use_extra_bufts
+        params.no_host = no_host
+        self.use_extra_bufts, self.no_host = use_extra_bufts, no_host
         ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:
             raise ModelError(f"libllama could not load {self.path} (not a supported GGUF model?)")
@@ -203,6 +224,16 @@ class Model(_Owner):
             buf = ctypes.create_string_buffer(n + 1)
             n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, n + 1)
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def model_params(flags: dict) -> dict:
+    """Model's keyword arguments for llama-server's model-load flags (settings table attrs: --no-repack,
+    --no-host). The server loads a draft model with them too (common_base_params_to_speculative).
+
+    >>> model_params({"no_repack": True}), model_params({})
+    ({'use_extra_bufts': False, 'no_host': False}, {'use_extra_bufts': True, 'no_host': False})
+    """
+    return {"use_extra_bufts": not flags.get("no_repack"), "no_host": bool(flags.get("no_host"))}
 
 
 class Batch:

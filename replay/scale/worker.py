@@ -86,8 +86,8 @@ class Evaluator:
             self.recoverer = Recoverer(job.model, flags, job.options)
         else:
             from replay.commands.trace import Drafts
-            from replay.runtime.llama import Model
-            self.target, self.drafts = Model(job.model), Drafts()
+            from replay.runtime.llama import Model, model_params
+            self.target, self.drafts = Model(job.model, **model_params(flags)), Drafts(model_params(flags))
 
     def forget(self) -> None:
         """Start the next unit from nothing: no KV kept (recover), an empty server slot (trace)."""

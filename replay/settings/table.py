@@ -215,6 +215,13 @@ SETTINGS: tuple[Setting, ...] = (
             "devices the server offloaded to (comma-separated, none = CPU only); a device other than the "
             "CPU means other kernels than a CPU replay's", aliases=("-dev",), metavar="<dev1,dev2,..>",
             transcript="device", source="common/arg.cpp:2741"),
+    Setting("--no-repack", "no_repack", "context", "flag", False,
+            "no extra buffer types when loading the model: neither the CPU repack of Q4_0/Q4_K/IQ4_NL/Q8_0 weights "
+            "nor AMX; changes the kernels, so the values (llama-server's --repack is the default)",
+            aliases=("-nr",), transcript="no_repack", source="common/arg.cpp:2425"),
+    Setting("--no-host", "no_host", "context", "flag", False,
+            "bypass the host buffer so extra buffer types can be used (changes where weights live, so kernels)",
+            transcript="no_host", source="common/arg.cpp:2433"),
     Setting("--threads", "threads", "context", "int", -1,
             "CPU threads (-1: all cores; values do not depend on it)", aliases=("-t",), metavar="N",
             transcript="threads", source="common/arg.cpp:1520"),

@@ -94,11 +94,11 @@ def b11434():
 @pytest.fixture(scope="session")
 def server_cpu(b11434) -> tuple[str, ...]:
     """`--server-cpu V` for a transcript of a server this suite started from the b11434 build on this
-    host: V is the variant its ggml loaded, the best this host runs. For subprocess runs of tests that
+    host: V is the variant it computed with, the best that runs on this host (llamacpp/kernels.py). For subprocess runs of tests that
     are not about finding the kernels (tests/test_cpu_variants.py is), which would otherwise probe
     every variant on every long prompt."""
-    from replay.runtime.variants import host_cpu_flags, runnable
-    can = runnable(b11434.cpu_variants, host_cpu_flags())
+    from replay.llamacpp.kernels import variants_that_run
+    can = variants_that_run(b11434.bin_dir)
     return ("--server-cpu", can[0]) if can else ()
 
 

@@ -20,7 +20,8 @@ from typing import Callable
 import click
 
 from replay.commands.kernel_choice import EXACT, KernelChoice, choose_variant, records_named
-from replay.commands.probe import SIGNATURE_CONTEXT, Candidate, Probe, default_cache, probe_variants, witnesses
+from replay.commands.kernel_classes import SIGNATURE_CONTEXT, Candidate
+from replay.commands.probe import Probe, default_cache, probe_variants, witnesses
 from replay.errors import KernelsError, TranscriptError
 from replay.runtime import binding, health
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
@@ -110,7 +111,8 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
     beyond = [n for n in present if n not in can]
     verdicts = _verdicts(bin_dir, can, quiet)
     crashes = tuple(verdicts[v].describe() for v in can if not all(verdicts[v].runs(m) for m in modes))
-    candidates = [Candidate(v, m) for v in can for m in modes if verdicts[v].runs(m)]
+    # llama.cpp's default (extra buffer types) first, each mode's variants best first
+    candidates = [Candidate(v, m) for m in modes for v in can if verdicts[v].runs(m)]
     if crashes and not quiet:
         for line in crashes:
             click.echo(f"kernels: {line}: not a candidate", err=True)
@@ -121,16 +123,15 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
             raise KernelsError(f"--server-cpu {server_cpu}: this CPU cannot run it (it runs {', '.join(can) or 'none'}); "
                                "recover on a machine that can, or give --server-backend to recover at stated "
                                "precision")
-        mine = [c for c in candidates if c.variant == server_cpu]
-        if not mine:
+        # the kernels are given: so is the repack, as llama.cpp's default (extra buffer types) unless the
+        # command line or the transcript says --no-repack; the first entry's comparison judges it
+        repack = modes[0]
+        if not verdicts[server_cpu].runs(repack):
             raise KernelsError(f"--server-cpu {server_cpu}: {verdicts[server_cpu].describe()}; the transcript needs a "
                                "host that runs its kernels")
-        if len(mine) > 1:  # the repack is open: the first entry decides between the two
-            choice = _probed(records, mine, text=text, source=source, request=request, model=model, flags=flags,
-                             options=options, bin_dir=bin_dir, beyond=beyond, crashes=crashes, quiet=quiet)
-            choice = KernelChoice(server_cpu, "given", choice.diff, choice.record, repack=choice.repack, crashes=crashes)
-        else:
-            choice = KernelChoice(server_cpu, "given", repack=mine[0].repack, crashes=crashes)
+        choice = KernelChoice(server_cpu, "given", repack=repack, crashes=crashes)
+        if modes_from == "probed":
+            modes_from = "default"
     elif not candidates:
         raise KernelsError(f"none of the CPU variants in {bin_dir} runs on this host: " + "; ".join(crashes))
     else:

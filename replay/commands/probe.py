@@ -24,6 +24,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from replay.commands.kernel_classes import (
+    Candidate,
+    Witnessed,
+    classes,
+    file_id,
+    learnt,
+    lib_files,
+    representatives,
+    signature_key,
+    undecided,
+)
 from replay.errors import SpecReplayError
 from replay.transcripts.entries import n_prompt_cached, record_entries
 from replay.transcripts.readers import Record
@@ -68,19 +79,6 @@ class Probe:
         return self.variant if self.repack else f"{self.variant} --no-repack"
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """Kernels a transcript may have been computed with: a CPU variant, with or without extra buffer
-    types (llama-server's --no-repack)."""
-
-    variant: str
-    repack: bool = True
-
-    @property
-    def label(self) -> str:
-        return self.variant if self.repack else f"{self.variant} --no-repack"
-
-
 def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = WITNESSES) -> list[int]:
     """The records whose first entries may identify the kernels, best first: those with a real first
     entry (a logprob and alternatives, or a nonzero logprob) whose prompt the server evaluated in full,
@@ -111,80 +109,100 @@ def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover
     os.environ[binding.VARIANT_ENV] = variant
 
 
-Outcome = tuple  # (record, diff | None, error | None, decode signature | None, repack, kernel signature | None)
+@dataclass(frozen=True)
+class Outcome:
+    """One witness evaluated by one candidate in a probe's process (what travels back)."""
+
+    record: int
+    repack: bool
+    diff: float | None = None  # the largest |server - replay| over the first entry's values
+    error: str | None = None
+    values: tuple[float, ...] | None = None  # the replay's own first-entry values (logprob, alternatives)
+    decode: tuple[float, ...] | None = None  # its next DECODES tokens' values, one-token decodes
+    twin: bool = False  # repack False computed as repack True: no weight took an extra buffer type
 
 
 def _child_probe(text: str, source: str, request: dict | None, indices: Sequence[int], model: str, flags: dict,
-                 options, variant: str, exact: float | None, repacks: Sequence[bool],
-                 signatures: Sequence[bool]) -> list[Outcome]:  # pragma: no cover - in the child
-    """Each of `repacks` in turn (the model loaded with or without extra buffer types): the witnesses'
-    first entries (until one is within `exact`) and, where `signatures` asks, the model's kernel
-    signature on the first witness's context."""
+                 options, variant: str, exact: float | None,
+                 repacks: Sequence[bool]) -> list[Outcome]:  # pragma: no cover - in the child
+    """Each of `repacks` in turn (True first: the model loaded with or without extra buffer types): the
+    witnesses' first entries, until one is within `exact`. Without repack after a load with it whose
+    weights took no extra buffer type, the same outcomes again, marked twins (the same computation)."""
     from replay.commands.recover import Recoverer
     from replay.runtime.binding import loaded_variant
     from replay.transcripts.readers import read_text
     try:
         if loaded_variant() != variant:
-            return [(indices[0], None, f"loaded {loaded_variant()} instead of {variant}", None, r, None) for r in repacks]
+            return [Outcome(indices[0], r, error=f"loaded {loaded_variant()} instead of {variant}") for r in repacks]
         records = read_text(text, source, request)
     except SpecReplayError as e:
-        return [(indices[0], None, str(e), None, r, None) for r in repacks]
+        return [Outcome(indices[0], r, error=str(e)) for r in repacks]
     out: list[Outcome] = []
-    for repack, want_sig in zip(repacks, signatures):
+    took_extra: bool | None = None
+    for repack in repacks:
+        if not repack and took_extra is False:
+            out += [replace(o, repack=False, twin=True) for o in out if o.repack]
+            continue
         try:
             r = Recoverer(model, {**flags, "no_repack": not repack}, replace(options, only_entries=1 + DECODES))
         except SpecReplayError as e:
-            out.append((indices[0], None, str(e), None, repack, None))
+            out.append(Outcome(indices[0], repack, error=str(e)))
             continue
+        if repack:
+            took_extra = bool(r.model.buffers)
         try:
-            sig = _signature(r, records[indices[0]]) if want_sig else None
             for k in indices:
-                try:
-                    rep = r.recover(records[k]).report
-                except SpecReplayError as e:
-                    out.append((k, None, str(e), None, repack, sig))
-                    continue
-                pairs = rep.tokens[0].real_pairs if rep.tokens else ()
-                if not pairs:
-                    out.append((k, None, rep.error or "the first entry carries no real value to compare", None,
-                                repack, sig))
-                    continue
-                later = [t for t in rep.tokens[1:] if t.true_logprob is not None]
-                decode = tuple(v for t in later for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))) or None
-                out.append((k, max(abs(a - b) for a, b in pairs), None, decode, repack, sig))
-                if exact is not None and out[-1][1] <= exact:
+                out.append(_witness(r, records[k], k, repack))
+                if exact is not None and out[-1].diff is not None and out[-1].diff <= exact:
                     break
         finally:
             r.close()
     return out
 
 
-def _signature(r, rec: Record) -> str | None:  # pragma: no cover - in the child
-    """The model's kernel signature on the context `rec` is replayed with (runtime/signature.py)."""
+def _witness(r, rec: Record, k: int, repack: bool) -> Outcome:  # pragma: no cover - in the child
+    try:
+        rep = r.recover(rec).report
+    except SpecReplayError as e:
+        return Outcome(k, repack, error=str(e))
+    first = rep.tokens[0] if rep.tokens else None
+    pairs = first.real_pairs if first is not None else ()
+    if not pairs:
+        return Outcome(k, repack, error=rep.error or "the first entry carries no real value to compare")
+    values = tuple(v for v in (first.true_logprob, *(x["logprob"] for x in first.true_top)) if v is not None)
+    later = [t for t in rep.tokens[1:] if t.true_logprob is not None]
+    decode = tuple(v for t in later for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))) or None
+    return Outcome(k, repack, max(abs(a - b) for a, b in pairs), values=values, decode=decode)
+
+
+def _child_signatures(text: str, source: str, request: dict | None, index: int, model: str, flags: dict,
+                      variant: str, repacks: Sequence[bool]) -> list[tuple[bool, str | None]]:  # pragma: no cover
+    """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on
+    the context record `index` is replayed with."""
+    from replay.runtime.binding import loaded_variant
+    from replay.runtime.llama import Model, model_params
     from replay.runtime.signature import kernel_signature
     from replay.settings import resolve
     from replay.settings.config import thread_count
-    cfg = resolve("context", flags=r.flags, recorded=rec.flags, props=rec.props)
+    from replay.transcripts.readers import read_text
     try:
-        return kernel_signature(r.model, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, flash_attn=cfg.flash_attn,
-                                type_k=cfg.cache_type_k, type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
-                                threads=thread_count(cfg))
+        if loaded_variant() != variant:
+            return [(r, None) for r in repacks]
+        rec = read_text(text, source, request)[index]
+        cfg = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
     except SpecReplayError:
-        return None
-
-
-def _file_id(path: Path) -> list:
-    st = path.stat()
-    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
-
-
-def _lib_files(lib: Path | None, variant: str) -> list | None:
-    """The library's files a variant computes with (its own CPU backend, not the other variants')."""
-    from replay.runtime.variants import PREFIX
-    if lib is None:
-        return None
-    return [_file_id(f) for f in sorted(Path(lib).glob("lib*.so*"))
-            if f.is_file() and (not f.name.startswith(PREFIX) or f.name.startswith(f"{PREFIX}{variant}."))]
+        return [(r, None) for r in repacks]
+    out: list[tuple[bool, str | None]] = []
+    for repack in repacks:
+        try:
+            with Model(model, **model_params({**flags, "no_repack": not repack})) as m:
+                out.append((repack, kernel_signature(m, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
+                                                     flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
+                                                     type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
+                                                     threads=thread_count(cfg))))
+        except SpecReplayError:
+            out.append((repack, None))
+    return out
 
 
 def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model: str | Path, flags: dict, options,
@@ -195,33 +213,18 @@ def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model:
     which is exact), the decode count and the repack. recover and trace, and a second run with other
     output options, share their probes."""
     parts = {"text": hashlib.sha256(text.encode()).hexdigest(), "request": request, "indices": list(indices),
-             "model": _file_id(Path(model)),
+             "model": file_id(Path(model)),
              "flags": {k: repr(v) for k, v in sorted(flags.items()) if k not in THREAD_FLAGS + ("no_repack",)},
              "options": {f: repr(getattr(options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
-             "decodes": DECODES, "lib": _lib_files(libllama, variant), "variant": variant, "repack": repack}
+             "decodes": DECODES, "lib": lib_files(libllama, variant), "variant": variant, "repack": repack}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def signature_key(*, model: str | Path, libllama: Path | None, variant: str, repack: bool, context: dict) -> str:
-    """What a model's kernel signature depends on: this host, the model file, the variant's library
-    files, the repack, and the context settings that choose kernels (`context`); not the transcript."""
-    from replay.runtime.health import host_identity
-    from replay.runtime.signature import VERSION
-    parts = {"host": host_identity(), "model": _file_id(Path(model)), "lib": _lib_files(libllama, variant),
-             "variant": variant, "repack": repack, "context": context, "version": VERSION}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-# the context settings that choose kernels, by attr (runtime/signature.py)
-SIGNATURE_CONTEXT = ("n_batch", "n_ubatch", "flash_attn", "cache_type_k", "cache_type_v", "swa_full")
 
 
 class ProbeCache:
     """Probe results kept under the cache root (kernels/<key>.json): a transcript recovered or traced
     again, unchanged, with the same model, library and options, is not probed again. A result that
-    is not whole (an error) is not kept. Kernel signatures are kept beside them (kernels/sig-<key>),
-    per host, model, library, variant and repack: another transcript of the same model probes one
-    candidate of each class of equal signatures."""
+    is not whole (an error) is not kept. Beside them, each candidate's class (commands/kernel_classes.py,
+    kernels/class-<key>): another transcript of the same model probes one candidate of each class."""
 
     def __init__(self, root: Path | None):
         self.root = root
@@ -241,17 +244,17 @@ class ProbeCache:
             return
         self._write(f"{key}.json", json.dumps({**asdict(probe), "same": []}))
 
-    def signature(self, key: str) -> str | None:
+    def klass(self, key: str) -> str | None:
         if self.root is None:
             return None
         try:
-            return (self.root / f"sig-{key}").read_text().strip() or None
+            return (self.root / f"class-{key}").read_text().strip() or None
         except OSError:
             return None
 
-    def put_signature(self, key: str, sig: str | None) -> None:
-        if self.root is not None and sig:
-            self._write(f"sig-{key}", sig)
+    def put_class(self, key: str, sig: str) -> None:
+        if self.root is not None:
+            self._write(f"class-{key}", sig)
 
     def _write(self, name: str, text: str) -> None:
         try:
@@ -269,25 +272,115 @@ def default_cache() -> ProbeCache:
     return ProbeCache(None if os.environ.get("SPEC_REPLAY_PROBE_CACHE") == "0" else cache_root() / "kernels")
 
 
-def classes(candidates: Sequence[Candidate], signature: Callable[[Candidate], str | None]
-            ) -> list[list[Candidate]] | None:
-    """The candidates grouped by equal kernel signature, best first within and between groups, or None
-    when one's signature is not known (then every candidate is probed).
+def _context():
+    """Fresh processes forked from a server process that has imported the probe's modules but loaded no
+    libllama (a process holds one ggml: each probe needs its own): a probe starts in milliseconds, not
+    the half second a spawned interpreter takes."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["replay.commands.recover", "replay.commands.probe"])
+    return ctx
 
-    >>> cs = [Candidate("zen4"), Candidate("zen4", False), Candidate("icelake"), Candidate("icelake", False)]
-    >>> sig = {"zen4": "a", "zen4 --no-repack": "b", "icelake": "a", "icelake --no-repack": "b"}
-    >>> [[c.label for c in g] for g in classes(cs, lambda c: sig[c.label])]
-    [['zen4', 'icelake'], ['zen4 --no-repack', 'icelake --no-repack']]
-    >>> classes(cs, lambda c: None) is None
-    True
+
+def _in_child(libllama: Path | None, variant: str, fn: Callable, args: tuple, failed: Callable[[], list]):
+    """`fn(*args)` in a process of its own that loads `variant`; `failed()` when that process dies."""
+    try:
+        with cf.ProcessPoolExecutor(1, mp_context=_context(), initializer=_child_init,
+                                    initargs=(str(libllama) if libllama else None, variant)) as pool:
+            return pool.submit(fn, *args).result()
+    except cf.process.BrokenProcessPool:
+        return failed()
+
+
+def parallel_probes(n_tasks: int) -> tuple[int, int | None]:
+    """(probes run at once, threads each): one per core (at most 4), each on one thread, since a CPU
+    backend's values do not depend on its thread count (tests/test_workers.py); one probe on every core
+    when there is one to run or one core.
+
+    >>> parallel_probes(1), parallel_probes(0)
+    ((1, None), (1, None))
     """
-    groups: dict[str, list[Candidate]] = {}
-    for c in candidates:
-        sig = signature(c)
-        if sig is None:
-            return None
-        groups.setdefault(sig, []).append(c)
-    return list(groups.values())
+    cores = os.cpu_count() or 1
+    at_once = max(1, min(n_tasks, cores, 4))
+    return at_once, (None if at_once == 1 else max(1, cores // at_once))
+
+
+class _Prober:
+    """One transcript's probing: its text, witnesses, model and library, run in processes of their own."""
+
+    def __init__(self, *, text: str, source: str, request: dict | None, indices: Sequence[int], model: str | Path,
+                 flags: dict, options, libllama: Path | None, until_exact: float | None, cache: ProbeCache | None,
+                 context: dict | None):
+        self.text, self.source, self.request, self.indices = text, source, request, list(indices)
+        self.model, self.flags, self.options, self.libllama = str(model), flags, options, libllama
+        self.until_exact, self.cache, self.context = until_exact, cache, context or {}
+
+    def class_key(self, c: Candidate) -> str:
+        return signature_key(model=self.model, libllama=self.libllama, candidate=c, context=self.context)
+
+    def witness(self, cands: Sequence[Candidate], same: dict[Candidate, tuple[str, ...]],
+                progress: Callable[[str, Probe], None] | None) -> tuple[list[Probe], list[Witnessed]]:
+        """Probe every candidate of `cands` on the witnesses (a process per variant, in waves of
+        parallel_probes), narrowing the witnesses to one once a candidate matched within until_exact."""
+        variants = list(dict.fromkeys(c.variant for c in cands))
+        at_once, threads = parallel_probes(len(variants))
+        flags = dict(self.flags) if threads is None else {**self.flags, "threads": threads}
+        probes: dict[Candidate, Probe] = {}
+        seen: list[Witnessed] = []
+        indices = self.indices
+        with cf.ThreadPoolExecutor(at_once) as pool:
+            for wave in (variants[k:k + at_once] for k in range(0, len(variants), at_once)):
+                exact = [p for p in probes.values() if self.until_exact is not None and p.diff is not None
+                         and p.diff <= self.until_exact]
+                if exact:
+                    indices = [exact[0].record]
+                jobs = {}
+                for v in wave:
+                    mine = [c for c in cands if c.variant == v]
+                    keys = {c: self._key(indices, c) for c in mine}
+                    kept = {c: self.cache.get(keys[c]) for c in mine} if self.cache is not None else {}
+                    todo = [c for c in mine if kept.get(c) is None]
+                    args = (self.text, self.source, self.request, list(indices), self.model, flags, self.options, v,
+                            self.until_exact, [c.repack for c in todo])
+                    fail = (lambda todo=todo, indices=indices: [Outcome(indices[0], c.repack,
+                                                                        error="the worker process died") for c in todo])
+                    jobs[v] = (mine, keys, kept, pool.submit(_in_child, self.libllama, v, _child_probe, args, fail)
+                               if todo else None)
+                for v in wave:
+                    mine, keys, kept, future = jobs[v]
+                    got: list[Outcome] = future.result() if future is not None else []
+                    for c in mine:
+                        probe, w = _probe_of(c, [g for g in got if g.repack == c.repack], kept.get(c),
+                                             same.get(c, ()), indices)
+                        probes[c] = probe
+                        seen.append(w)
+                        if kept.get(c) is None and self.cache is not None:
+                            self.cache.put(keys[c], probe)
+                        if progress is not None:
+                            progress(c.label, probe)
+        return [probes[c] for c in cands], seen
+
+    def signatures(self, groups: Sequence[Sequence[Candidate]]) -> dict[Candidate, str | None]:
+        """The kernel signatures of the members of `groups` (a process per variant, in waves)."""
+        members = [c for g in groups for c in g]
+        variants = list(dict.fromkeys(c.variant for c in members))
+        at_once, threads = parallel_probes(len(variants))
+        flags = dict(self.flags) if threads is None else {**self.flags, "threads": threads}
+        out: dict[Candidate, str | None] = {}
+        with cf.ThreadPoolExecutor(at_once) as pool:
+            futures = {v: pool.submit(_in_child, self.libllama, v, _child_signatures,
+                                      (self.text, self.source, self.request, self.indices[0], self.model, flags, v,
+                                       [c.repack for c in members if c.variant == v]),
+                                      lambda v=v: [(c.repack, None) for c in members if c.variant == v])
+                       for v in variants}
+            for v, f in futures.items():
+                for repack, sig in f.result():
+                    out[Candidate(v, repack)] = sig
+        return out
+
+    def _key(self, indices: Sequence[int], c: Candidate) -> str:
+        return probe_key(text=self.text, request=self.request, indices=indices, model=self.model, flags=self.flags,
+                         options=self.options, libllama=self.libllama, variant=c.variant,
+                         until_exact=self.until_exact, repack=c.repack)
 
 
 def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: str, request: dict | None,
@@ -295,63 +388,64 @@ def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: 
                    progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None,
                    cache: ProbeCache | None = None, context: dict | None = None) -> list[Probe]:
     """Evaluate the first entries of records `indices` (witnesses, best first) under each candidate
-    (a CPU variant, with or without extra buffer types), one spawned process per variant, one after
-    another (each uses the machine's cores), its repack modes in turn. With `until_exact`, a
-    candidate's witnesses are evaluated until one is within it, and once one has such a witness the
-    candidates after it evaluate that witness only: every class is probed, since the ones that equal
-    the server's on it must also be told apart by their one-token decodes (Probe.decode).
+    (a CPU variant, with or without extra buffer types), one process per variant, one per core at a
+    time (parallel_probes), its repack modes in turn. With `until_exact`, a candidate's witnesses are
+    evaluated until one is within it, and once one has such a witness the candidates probed after it
+    evaluate that witness only: every class is probed, since the ones that equal the server's on it
+    must also be told apart by their one-token decodes (Probe.decode).
 
-    Candidates whose kernel signatures (runtime/signature.py, on `context`: the settings that choose
-    kernels) are known and equal compute this model bit for bit alike: only the first of each class is
-    probed, and its Probe names the others (`same`). Signatures not known yet are computed by the
-    probes that run (and kept in `cache`). A worker that dies is that candidate's error."""
+    When this model's classes are known (commands/kernel_classes.py, kept in `cache` per host, model,
+    library and the kernel-choosing `context` settings), only the first candidate of each class is
+    probed and its Probe names the others (`same`). Otherwise every candidate is, and the classes are
+    learnt from the probes: kernel signatures are computed for the candidates whose witness values
+    came out alike. A worker that dies is that candidate's error."""
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
-    sig_keys = {c: signature_key(model=model, libllama=libllama, variant=c.variant, repack=c.repack,
-                                 context=context or {}) for c in cands} if cache is not None else {}
-    grouped = classes(cands, lambda c: cache.signature(sig_keys[c]) if cache is not None else None)
-    reps = [g[0] for g in grouped] if grouped is not None else cands
-    same = {g[0]: tuple(c.label for c in g[1:]) for g in grouped} if grouped is not None else {}
-    out: list[Probe] = []
-    ctx = mp.get_context("spawn")
-    by_variant = list(dict.fromkeys(c.variant for c in reps))
-    for v in by_variant:
-        mine = [c for c in reps if c.variant == v]
-        if until_exact is not None and any(p.diff is not None and p.diff <= until_exact for p in out):
-            indices = [next(p.record for p in out if p.diff is not None and p.diff <= until_exact)]
-        keys = {c: probe_key(text=text, request=request, indices=indices, model=model, flags=flags, options=options,
-                             libllama=libllama, variant=v, until_exact=until_exact, repack=c.repack)
-                for c in mine} if cache is not None else {}
-        kept = {c: cache.get(keys[c]) for c in mine} if cache is not None else {}
-        todo = [c for c in mine if kept.get(c) is None or (cache is not None and cache.signature(sig_keys[c]) is None)]
-        got: list[Outcome] = []
-        if todo:
-            try:
-                with cf.ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_init,
-                                            initargs=(str(libllama) if libllama else None, v)) as pool:
-                    got = pool.submit(_child_probe, text, source, request, list(indices), str(model), dict(flags),
-                                      options, v, until_exact, [c.repack for c in todo],
-                                      [cache is not None and cache.signature(sig_keys[c]) is None for c in todo]
-                                      ).result()
-            except cf.process.BrokenProcessPool:
-                got = [(indices[0], None, "the worker process died", None, c.repack, None) for c in todo]
-        for c in mine:
-            if c not in todo:
-                probe = replace(kept[c], same=same.get(c, ()))
-            else:
-                mine_got = [g for g in got if g[4] == c.repack]
-                sig = next((g[5] for g in mine_got if g[5]), None)
-                if cache is not None:
-                    cache.put_signature(sig_keys[c], sig)
-                measured = [(d, k, dsig) for k, d, _, dsig, _, _ in mine_got if d is not None]
-                if measured:
-                    diff, k, dsig = min(measured, key=lambda m: (m[0], m[1]))
-                    probe = Probe(v, diff, record=k, decode=dsig, repack=c.repack, same=same.get(c, ()))
-                else:
-                    errors = "; ".join(dict.fromkeys(e for _, _, e, _, _, _ in mine_got if e)) or "no result"
-                    probe = Probe(v, None, errors, record=(mine_got or [(indices[0],)])[0][0], repack=c.repack)
-                if cache is not None:
-                    cache.put(keys[c], probe)
-            out.append(probe)
-            if progress is not None:
-                progress(c.label, probe)
-    return out
+    prober = _Prober(text=text, source=source, request=request, indices=indices, model=model, flags=flags,
+                     options=options, libllama=libllama, until_exact=until_exact, cache=cache, context=context)
+    grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) if cache is not None else None
+    if grouped is not None:
+        reps = representatives(grouped)
+        probes, _ = prober.witness(reps, {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)},
+                                   progress)
+        return probes
+    probes, seen = prober.witness(cands, {}, progress)
+    if cache is not None and len(indices) == 1:  # every candidate computed the same witness: comparable
+        alike = undecided(seen)
+        for c, sig in learnt(seen, prober.signatures(alike) if alike else {}).items():
+            cache.put_class(prober.class_key(c), sig)
+    return fold_twins(probes, seen)
+
+
+def fold_twins(probes: Sequence[Probe], seen: Sequence[Witnessed]) -> list[Probe]:
+    """The probes with each twin by construction (a variant without repack whose weights took no extra
+    buffer type with it: the same computation) named in its twin's `same` instead of standing alone.
+
+    >>> from replay.commands.kernel_classes import Candidate
+    >>> ps = [Probe("x64", 0.0, record=0), Probe("x64", 0.0, record=0, repack=False)]
+    >>> w = [Witnessed(Candidate("x64"), 0, (-1.0,), ()), Witnessed(Candidate("x64", False), 0, (-1.0,), (), "x64")]
+    >>> [(p.label, p.same) for p in fold_twins(ps, w)]
+    [('x64', ('x64 --no-repack',))]
+    """
+    twins: dict[str, list[str]] = {}
+    for w in seen:
+        if w.twin_of is not None:
+            twins.setdefault(w.twin_of, []).append(w.candidate.label)
+    folded = {x for xs in twins.values() for x in xs}
+    return [replace(p, same=(*p.same, *twins.get(p.label, ()))) for p in probes if p.label not in folded]
+
+
+def _probe_of(c: Candidate, got: list[Outcome], kept: Probe | None, same: tuple[str, ...],
+              indices: Sequence[int]) -> tuple[Probe, Witnessed]:
+    """A candidate's Probe (the one kept, else the best of its outcomes: the smallest distance over the
+    witnesses evaluated, else its errors) and what it computed, for learning classes."""
+    if kept is not None:
+        return replace(kept, same=same), Witnessed(c, None, None, None)
+    measured = [o for o in got if o.diff is not None]
+    if not measured:
+        errors = "; ".join(dict.fromkeys(o.error for o in got if o.error)) or "no result"
+        return (Probe(c.variant, None, errors, record=got[0].record if got else indices[0], repack=c.repack),
+                Witnessed(c, None, None, None))
+    best = min(measured, key=lambda o: (o.diff, o.record))
+    twin = Candidate(c.variant, True).label if best.twin else None
+    return (Probe(c.variant, best.diff, record=best.record, decode=best.decode, repack=c.repack, same=same),
+            Witnessed(c, best.record, best.values, best.decode, twin))

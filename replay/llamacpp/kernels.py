@@ -50,6 +50,14 @@ def _binaries_at(bin_dir: Path):
     return Binaries(key=m.get("key", bin_dir.parent.name), bin_dir=bin_dir, manifest=m)
 
 
+def variants_that_run(bin_dir: Path, *, repack: bool = True) -> list[str]:
+    """The CPU variants of the release-style build in `bin_dir` that this CPU runs by its flags and that
+    ran the health probe here (with extra buffer types, unless not `repack`), best first."""
+    can = runnable(variants_in(bin_dir), host_cpu_flags())
+    verdicts = health.verdicts(bin_dir, can)
+    return [v for v in can if verdicts[v].runs(repack)]
+
+
 def runnable_program(program: Path, *, repack: bool = True) -> Kernels:
     """`program` (llama-server, llama-speculative) as this host runs it: from a release-style build,
     the same program beside only the best variant that runs here with (`repack`) or without extra

@@ -107,17 +107,14 @@ def _library_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
-def _decode(model_path: Path, extra: bool, log: list[str], crash=None) -> None:
+def _decode(model_path: Path, extra: bool, crash=None) -> None:
     """Load the model (with or without extra buffer types) and decode the probe's batches. With
     `extra`, the extra buffer types its weights took (from libllama's log) are printed before the
     first decode, and an injected crash (health.injected_crash) happens there."""
     from replay.runtime.llama import Context, Model
-    log.clear()
     with Model(model_path, use_extra_bufts=extra) as model:
         if extra:
-            taken = sorted({m.split()[1] for m in log if m.startswith("load_tensors:") and "model buffer size" in m
-                            and m.split()[1] not in ("CPU", "CPU_Mapped", "CPU_Model")})
-            print(f"buffers {','.join(taken)}", flush=True)
+            print(f"buffers {','.join(model.buffers)}", flush=True)
         if crash is not None:
             os.kill(os.getpid(), crash[0])
         with Context(model, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX, n_threads=min(4, os.cpu_count() or 2)) as ctx:
@@ -137,19 +134,16 @@ def _decode(model_path: Path, extra: bool, log: list[str], crash=None) -> None:
 def main(argv: list[str]) -> int:  # pragma: no cover - runs in the probe's subprocess
     from replay.runtime import health
     from replay.runtime.binding import load
-    from replay.runtime.llama import add_log_sink
     model_path, name = Path(argv[0]), argv[1]
     crash = health.injected_crash(name)
     try:
         load()
-        log: list[str] = []
-        add_log_sink(lambda text: log.append(text.strip()))
         if not model_path.exists():
             model_path.parent.mkdir(parents=True, exist_ok=True)
             write_probe_model(model_path, ctypes.CDLL(str(_library_dir() / "libggml-base.so")))
-        _decode(model_path, False, log, crash if crash is not None and crash[1] else None)
+        _decode(model_path, False, crash if crash is not None and crash[1] else None)
         print("ok plain", flush=True)
-        _decode(model_path, True, log, crash)
+        _decode(model_path, True, crash)
         print("ok extra", flush=True)
     except Exception as e:  # not a crash: the probe could not run the library (reported, not kept)
         print(f"error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)

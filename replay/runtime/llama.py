@@ -42,6 +42,23 @@ def _log(level, text, user_data):  # pragma: no cover - C callback
             pass
 
 
+def extra_buffers(lines: list[str]) -> tuple[str, ...]:
+    """The extra buffer types a model's weights took, from libllama's load log (src/llama-model.cpp:
+    "load_tensors: %12s model buffer size"): all but the plain CPU ones.
+
+    >>> extra_buffers(["load_tensors:   CPU_Mapped model buffer size =  0.95 MiB\\n",
+    ...                "load_tensors:   CPU_REPACK model buffer size =  0.21 MiB\\n"])
+    ('CPU_REPACK',)
+    """
+    found = []
+    for line in "".join(lines).splitlines():
+        words = line.split()
+        if len(words) > 2 and words[0] == "load_tensors:" and "model buffer size" in line:
+            if words[1] not in ("CPU", "CPU_Mapped", "CPU_Model") and words[1] not in found:
+                found.append(words[1])
+    return tuple(found)
+
+
 def add_log_sink(sink) -> None:
     """Give `sink` every line libllama logs from now on (the health probe reads the buffer types the
     model's weights took from them)."""
@@ -108,7 +125,15 @@ class Model(_Owner):
         params.use_extra_bufts = use_extra_bufts
         params.no_host = no_host
         self.use_extra_bufts, self.no_host = use_extra_bufts, no_host
-        ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        lines: list[str] = []
+        _sinks.append(lines.append)
+        try:
+            ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        finally:
+            _sinks.remove(lines.append)
+        # the extra buffer types its weights took (libllama's "load_tensors: CPU_REPACK model buffer size"):
+        # none means the model computes as with --no-repack
+        self.buffers = extra_buffers(lines)
         if not ptr:
             raise ModelError(f"libllama could not load {self.path} (not a supported GGUF model?)")
         self._ptr = ptr

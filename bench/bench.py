@@ -195,6 +195,7 @@ def main() -> None:
     spec_cfg = ServerConfig(smol, draft_model=smol, spec_types=("draft-simple",), n_ctx=8192)
     with LlamaServer(spec_cfg, binary=bins.server) as spec, \
             LlamaServer(ServerConfig(smol, n_ctx=8192), binary=bins.server) as plain:
+        print(f"servers: {spec.kernels.describe()}", file=sys.stderr)
         spec_info = spec.config.flags_block()
         # --- 1 + 2: one 200-token transcript -----------------------------------------
         t200 = record_one(spec.url, RequestItem("/completion", body(200)), spec_info)

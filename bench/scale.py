@@ -119,6 +119,7 @@ def patched_server_rows(smol: Path) -> list[list]:
     cfg = ServerConfig(smol, draft_model=smol, spec_types=("draft-simple",), n_ctx=4096)
     best: dict[tuple[str, int], float] = {}
     with LlamaServer(cfg, binary=plain.server) as a, LlamaServer(cfg, binary=patched.server) as b:
+        print(f"servers: {a.kernels.describe()}", file=sys.stderr)
         for url in (a.url, b.url):
             _tok_per_s(url, 5)  # warm
         for _ in range(SERVER_REPS):

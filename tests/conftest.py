@@ -38,11 +38,14 @@ from replay.runtime import health  # noqa: E402
 
 os.environ.setdefault(health.CACHE_ENV, str(cache_root() / "health"))
 
-# One libllama for the whole test process, whatever is in the build cache: llama-cpp-python's own.
-# In-process CLI calls then keep it (cli/options.py: choose_libllama); tests of the build's own
-# libllama run the CLI in a subprocess (tests/test_binding.py).
+# One libllama for the whole test process, loaded once the tests are collected
+# (pytest_collection_finish): the kernels of the servers the suite starts when it runs any (b11434's
+# own libllama on the best CPU variant that runs here, the one llamacpp/kernels.py gives the servers),
+# else llama-cpp-python's own. In-process CLI calls then keep it (cli/options.py: choose_libllama);
+# tests of another libllama run the CLI in a subprocess (tests/test_binding.py). llama-cpp-python's
+# own library is -march=native: on an AVX2 host it computes as haswell does, but on an AMX host (AMX
+# left out, AVX512-FP16 and AVX-VNNI kept) as no variant does (0.033 nats on a Gemma 3 Q4_K first entry).
 os.environ.pop(binding.ENV, None)
-binding.load()
 
 
 # what each fixture needs; a test whose fixtures (transitively) need a marker must carry it
@@ -62,6 +65,15 @@ def pytest_collection_modifyitems(config, items):
             bad.append(f"{item.nodeid} needs {', '.join(missing)} but is not marked so")
     if bad:
         raise pytest.UsageError("tests with missing markers:\n  " + "\n  ".join(bad))
+
+
+def pytest_collection_finish(session):
+    """Load the test process's libllama (see above), once: b11434's when a collected test is marked
+    `build` (building it first on a fresh machine, as its first such test would), else llama-cpp-python's."""
+    if any(item.get_closest_marker("build") is not None for item in session.items):
+        from replay.llamacpp.libllama import libllama_of
+        binding.use_libllama(libllama_of(ensure_built(BuildSpec("b11434"))))
+    binding.load()
 
 
 @pytest.fixture(autouse=True)

@@ -115,17 +115,19 @@ def test_the_recover_page_shows_server_and_true_values_with_placeholders_marked(
 
 @pytest.mark.model
 def test_transcript_text_is_shown_as_text_never_run_as_markup(tmp_path, open_page, smollm2):
-    """SmolLM2 asked to copy HTML writes `<script>...` itself; a file path carries `"><img onerror=...>`."""
-    prompt = 'Copy this HTML exactly: <script>alert(1)</script> "><img src=x onerror=alert(2)>'
+    """SmolLM2 continuing an HTML list writes `<script>...` itself; a file path carries `"><img onerror=...>`.
+    Greedy (--temp 0): a sampled reply depends on the host's kernels (a draw at t 0.8 that wrote the
+    payload on an AVX2 host did not on an AMX one); this one is the same on both."""
+    prompt = '"><img src=x onerror=alert(1)>\n<ul>\n<li><script>alert(2)</script></li>\n<li><script>alert(2)</script></li>\n<li>'
     out = tmp_path / "trace.html"
     r = run("trace", "-m", smollm2, "-md", smollm2, "--spec-type", "draft-simple", "--prompt", prompt, "-n", "32",
-            "--html", out, "--json")  # llama-server's --temp 0.8, trace's --seed 1
+            "--temp", "0", "--html", out, "--json")
     assert r.exit_code == 0, r.output
     pieces = "".join(e["piece"] for e in json.loads(r.stdout)["emitted"])
     assert "<script>alert(2)</script>" in pieces  # the model's own reply is the payload
     pg, problems = open_page(out)
     assert pg.locator("img").count() == 0 and pg.locator("script").count() == 2
-    assert prompt in pg.inner_text("main") and pg.inner_text(".stream").replace("\u21b5", "") == pieces
+    assert " ".join(prompt.split()) in " ".join(pg.inner_text("main").split()) and pg.inner_text(".stream").replace("\u21b5", "") == pieces
     (tmp_path / "<").mkdir()
     src = tmp_path / "<" / 'script>"><img src=x onerror=alert(3)>.json'
     src.write_text(TINY.read_text())

@@ -118,10 +118,12 @@ def test_server_command_lines_use_the_servers_spellings(tmp_path):
 
 @pytest.mark.build
 def test_every_flag_is_spelled_as_in_the_servers_arg_parser(b11434):
-    """Each row's names appear together in one common_arg({...}) of b11434's common/arg.cpp."""
+    """Each row's names appear together in one common_arg({...}) of b11434's common/arg.cpp (a flag with a
+    negation, `--repack` / `-nr, --no-repack`, declares the second in a second {...})."""
     from replay.proof.patch_proof import pinned_tree
     source = (pinned_tree("b11434") / "common" / "arg.cpp").read_text()
-    declared = [tuple(re.findall(r'"(-[^"]+)"', m)) for m in re.findall(r"common_arg\(\s*\{([^}]*)\}", source)]
+    declared = [tuple(re.findall(r'"(-[^"]+)"', a + b))
+                for a, b in re.findall(r"common_arg\(\s*\{([^}]*)\}(?:\s*,\s*\{([^}]*)\})?", source)]
     for s in SETTINGS:
         assert any(set(s.names) <= set(names) for names in declared), f"{s.names} not declared together in arg.cpp"
 

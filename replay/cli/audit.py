@@ -76,6 +76,8 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
             click.echo(_token_rows(res.tokens))
         if model:
             click.echo(f"kernels:     {kernels['description']}")
+            for line in kernels.get("crashes") or ():
+                click.echo(f"             {line}")
         click.echo(f"verdict:     {res.verdict}")
     if res.exit_code == Exit.ERROR and not as_json:
         click.echo(f"Error: cannot tell: {res.verdict}", err=True)
@@ -144,7 +146,7 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, n_
     cfg = ServerConfig(model, draft_model=draft, spec_types=("draft-simple",))
     with LlamaServer(cfg, binary=bins.server) as srv:
         click.echo(f"started {bins.build_info} llama-server at {srv.url}: -m {model.name} -md {draft.name} "
-                   "--spec-type draft-simple", err=True)
+                   f"--spec-type draft-simple, on {srv.kernels.describe()}", err=True)
         res = run_check(srv.url, n_predict=n_predict, n_probs=n_probs, prompt=prompt)
     if as_json:
         click.echo(json.dumps(res.to_json(), indent=2))

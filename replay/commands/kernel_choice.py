@@ -148,10 +148,8 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
             f"{'' if near.repack else ' --no-repack'} {near.diff:.3g} nats off")
     cannot = f"; {', '.join(not_runnable)} not runnable here" if not_runnable else ""
     crashed = [c.split(":")[0] for c in crashes]
-    if crashed:
-        cannot += f"; {', '.join(crashed)} crash{'es' if len(crashed) == 1 else ''} here"
-    needs = (f"kernels this host cannot run ({', '.join(crashed)}: recover on a host that runs them), a GPU or "
-             "another CPU?" if crashed else "a GPU or another CPU?")
+    needs = (f"kernels that crash on this host ({', '.join(crashed)}: recover on a host that runs them), a GPU "
+             "or another CPU?" if crashed else "a GPU or another CPU?")
     raise KernelsError(
         f"{head}{cannot}): {needs} "
         "--server-backend NAME recovers at stated precision").with_detail(

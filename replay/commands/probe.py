@@ -123,11 +123,12 @@ class Outcome:
 
 
 def _child_probe(text: str, source: str, request: dict | None, indices: Sequence[int], model: str, flags: dict,
-                 options, variant: str, exact: float | None,
-                 repacks: Sequence[bool]) -> list[Outcome]:  # pragma: no cover - in the child
+                 options, variant: str, exact: float | None, repacks: Sequence[bool],
+                 decodes: int = DECODES) -> list[Outcome]:  # pragma: no cover - in the child
     """Each of `repacks` in turn (True first: the model loaded with or without extra buffer types): the
-    witnesses' first entries, until one is within `exact`. Without repack after a load with it whose
-    weights took no extra buffer type, the same outcomes again, marked twins (the same computation)."""
+    witnesses' first entries (and the `decodes` tokens after each), until one is within `exact`. Without
+    repack after a load with it whose weights took no extra buffer type, the same outcomes again, marked
+    twins (the same computation)."""
     from replay.commands.recover import Recoverer
     from replay.runtime.binding import loaded_variant
     from replay.transcripts.readers import read_text
@@ -144,7 +145,7 @@ def _child_probe(text: str, source: str, request: dict | None, indices: Sequence
             out += [replace(o, repack=False, twin=True) for o in out if o.repack]
             continue
         try:
-            r = Recoverer(model, {**flags, "no_repack": not repack}, replace(options, only_entries=1 + DECODES))
+            r = Recoverer(model, {**flags, "no_repack": not repack}, replace(options, only_entries=1 + decodes))
         except SpecReplayError as e:
             out.append(Outcome(indices[0], repack, error=str(e)))
             continue
@@ -206,7 +207,8 @@ def _child_signatures(text: str, source: str, request: dict | None, index: int, 
 
 
 def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model: str | Path, flags: dict, options,
-              libllama: Path | None, variant: str, until_exact: float | None, repack: bool = True) -> str:
+              libllama: Path | None, variant: str, until_exact: float | None, repack: bool = True,
+              decodes: int = DECODES) -> str:
     """What a probe's result depends on, hashed: the transcript's text and request, the witnesses, the
     model file and the variant's library (by path, size and mtime), the flags, the options that change
     what a witness evaluates to (PROBE_OPTIONS: not the tolerance, the output or the prefix reuse,
@@ -216,7 +218,7 @@ def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model:
              "model": file_id(Path(model)),
              "flags": {k: repr(v) for k, v in sorted(flags.items()) if k not in THREAD_FLAGS + ("no_repack",)},
              "options": {f: repr(getattr(options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
-             "decodes": DECODES, "lib": lib_files(libllama, variant), "variant": variant, "repack": repack}
+             "decodes": decodes, "lib": lib_files(libllama, variant), "variant": variant, "repack": repack}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -318,17 +320,21 @@ class _Prober:
         return signature_key(model=self.model, libllama=self.libllama, candidate=c, context=self.context)
 
     def witness(self, cands: Sequence[Candidate], same: dict[Candidate, tuple[str, ...]],
-                progress: Callable[[str, Probe], None] | None) -> tuple[list[Probe], list[Witnessed]]:
-        """Probe every candidate of `cands` on the witnesses (a process per variant, in waves of
-        parallel_probes), narrowing the witnesses to one once a candidate matched within until_exact."""
+                progress: Callable[[str, Probe], None] | None,
+                decodes: int = DECODES) -> tuple[list[Probe], list[Witnessed]]:
+        """Probe every candidate of `cands` on the witnesses and the `decodes` tokens after each, a process
+        per variant, parallel_probes of them at a time. With several witnesses, in waves: once a candidate
+        matched one within until_exact, the waves after it evaluate that one only."""
         variants = list(dict.fromkeys(c.variant for c in cands))
         at_once, threads = parallel_probes(len(variants))
         flags = dict(self.flags) if threads is None else {**self.flags, "threads": threads}
         probes: dict[Candidate, Probe] = {}
         seen: list[Witnessed] = []
         indices = self.indices
+        waves = [variants[k:k + at_once] for k in range(0, len(variants), at_once)] if len(indices) > 1 \
+            else [variants]  # one witness: nothing to narrow, so no process waits for another's wave
         with cf.ThreadPoolExecutor(at_once) as pool:
-            for wave in (variants[k:k + at_once] for k in range(0, len(variants), at_once)):
+            for wave in waves:
                 exact = [p for p in probes.values() if self.until_exact is not None and p.diff is not None
                          and p.diff <= self.until_exact]
                 if exact:
@@ -336,11 +342,11 @@ class _Prober:
                 jobs = {}
                 for v in wave:
                     mine = [c for c in cands if c.variant == v]
-                    keys = {c: self._key(indices, c) for c in mine}
+                    keys = {c: self._key(indices, c, decodes) for c in mine}
                     kept = {c: self.cache.get(keys[c]) for c in mine} if self.cache is not None else {}
                     todo = [c for c in mine if kept.get(c) is None]
                     args = (self.text, self.source, self.request, list(indices), self.model, flags, self.options, v,
-                            self.until_exact, [c.repack for c in todo])
+                            self.until_exact, [c.repack for c in todo], decodes)
                     fail = (lambda todo=todo, indices=indices: [Outcome(indices[0], c.repack,
                                                                         error="the worker process died") for c in todo])
                     jobs[v] = (mine, keys, kept, pool.submit(_in_child, self.libllama, v, _child_probe, args, fail)
@@ -377,10 +383,10 @@ class _Prober:
                     out[Candidate(v, repack)] = sig
         return out
 
-    def _key(self, indices: Sequence[int], c: Candidate) -> str:
+    def _key(self, indices: Sequence[int], c: Candidate, decodes: int) -> str:
         return probe_key(text=self.text, request=self.request, indices=indices, model=self.model, flags=self.flags,
                          options=self.options, libllama=self.libllama, variant=c.variant,
-                         until_exact=self.until_exact, repack=c.repack)
+                         until_exact=self.until_exact, repack=c.repack, decodes=decodes)
 
 
 def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: str, request: dict | None,
@@ -400,13 +406,23 @@ def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: 
     learnt from the probes: kernel signatures are computed for the candidates whose witness values
     came out alike. A worker that dies is that candidate's error."""
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
+    if cache is not None and cache.root is None:  # SPEC_REPLAY_PROBE_CACHE=0: nothing kept, so nothing learnt
+        cache = None
     prober = _Prober(text=text, source=source, request=request, indices=indices, model=model, flags=flags,
                      options=options, libllama=libllama, until_exact=until_exact, cache=cache, context=context)
     grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) if cache is not None else None
     if grouped is not None:
+        # one candidate per class, on the first entry alone; the one-token decodes after it only where two
+        # classes reproduce it exactly and must be told apart (commands/kernel_choice.py)
         reps = representatives(grouped)
-        probes, _ = prober.witness(reps, {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)},
-                                   progress)
+        same = {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)}
+        probes, _ = prober.witness(reps, same, progress, decodes=0)
+        exact = [c for c, p in zip(reps, probes) if until_exact is not None and p.diff is not None
+                 and p.diff <= until_exact]
+        if len(exact) > 1:
+            again, _ = prober.witness(exact, same, None)
+            told = dict(zip(exact, again))
+            probes = [told.get(c, p) for c, p in zip(reps, probes)]
         return probes
     probes, seen = prober.witness(cands, {}, progress)
     if cache is not None and len(indices) == 1:  # every candidate computed the same witness: comparable

@@ -289,6 +289,8 @@ def run_example_binary(binary: Path, lab: Lab, *, key: str, label: str, progress
     """Path d: the real llama-speculative, one process per seed (one at a time by default: its
     log thread loses output far more often when processes compete for the cores). It prints
     the prompt followed by the generated text; on the fixture every character is one token."""
+    from replay.llamacpp.kernels import runnable_program
+    binary = runnable_program(binary).program  # the best CPU variant that runs on this host
     pieces, eog = _vocab(lab.target)
     by_char = {p: t for t, p in pieces.items()}
     args = ["-m", str(lab.target), "-md", str(lab.draft), "-p", lab.prompt, "-n", "4", "-c", str(N_CTX), "-t", "1",

@@ -181,6 +181,8 @@ def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, see
             drafts = Drafts()
             with LlamaServer(setup.server(), binary=patched.server) as srv, \
                     LlamaServer(setup.server(speculate=False), binary=plain.server) as ref:
+                if progress:
+                    progress(f"{setup.name}: servers on {srv.kernels.describe()}")
                 server_state: dict = {}  # ngram-mod's table lives as long as the server
                 for endpoint in setup.endpoints:
                     for stream in (False, True):

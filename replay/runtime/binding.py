@@ -280,6 +280,8 @@ def load() -> types.ModuleType:
     want = os.environ.get(ENV)
     if not want:
         _loaded_health = _require_runs(bundled_dir(), None, bundled=True)
+        # its own: not a library a parent process (or the user's shell) pointed the binding at
+        os.environ.pop("LLAMA_CPP_LIB_PATH", None)
         import llama_cpp
         _loaded = llama_cpp
         return llama_cpp

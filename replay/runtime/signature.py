@@ -7,7 +7,7 @@ instruction set, the buffer the weights sit in (repacked, AMX) and the batch's r
 computes one row with gemv and several with gemm, AMX one row with VNNI and several with tiles:
 ggml-cpu/amx/mmq.cpp:2435; chunking changes between 56 and 68 rows on quantized weights). SHAPES
 covers each of those: single tokens, every verify-sized batch up to 9 rows, the 17 and 33 of longer
-drafts, and a prompt batch past the 68-row change; the context is the transcript's (flash attention,
+drafts, and a prompt batch of 80 rows, past the 68-row change; the context is the transcript's (flash attention,
 cache types and ubatch choose other kernels too).
 """
 from __future__ import annotations
@@ -20,15 +20,15 @@ from replay.runtime.llama import Context, Model
 
 # rows of each decode, in order; the prompt batch asks for its last row's logits only (as a server's does,
 # so the output matrix computes one row), a verify batch for every row
-SHAPES = (100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 1)
-PROMPT = 100
-VERSION = 1  # bumped when SHAPES or the ids change: every cached signature is then computed again
+SHAPES = (80, 1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 1)
+PROMPT = 80
+VERSION = 2  # bumped when SHAPES or the ids change: every cached signature is then computed again
 
 
 def kernel_signature(model: Model, *, n_batch: int, n_ubatch: int, flash_attn: str, type_k: str, type_v: str,
                      swa_full: bool, threads: int) -> str:
-    """The sha256 of the float32 logits of SHAPES' decodes (the prompt batch's last row, every row of the others), on a context of the given
-    configuration; the ids are fixed draws from the whole vocabulary."""
+    """The sha256 of the float32 logits of SHAPES' decodes (the prompt batch's last row, every row of the
+    others), on a context of the given configuration; the ids are fixed draws from the whole vocabulary."""
     n = sum(SHAPES)
     ids = [int(t) for t in np.random.default_rng(20261202).integers(0, model.n_vocab, n)]
     h = hashlib.sha256()

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from replay.commands.record import RequestItem, record_one
+from replay.llamacpp.kernels import variants_that_run
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.proof.matrix import max_value_diff
-from replay.llamacpp.kernels import variants_that_run
 from replay.runtime.variants import PREFIX, VARIANTS
 from replay.transcripts.format import dumps
 

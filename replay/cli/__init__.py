@@ -51,6 +51,20 @@ def check_failed(line: str, detail: str | None = None, code: int = Exit.FAILED) 
     ctx.exit(int(code))
 
 
+class OneLineUsage(click.UsageError):
+    """A usage error (exit 2) shown as one line, with where to read the command's help."""
+
+    def show(self, file=None) -> None:
+        hint = f" (see '{self.ctx.command_path} --help')" if self.ctx is not None else ""
+        click.echo(f"Error: {self.format_message()}{hint}", err=True)
+
+
+def _one_line(e: click.UsageError) -> OneLineUsage:
+    out = OneLineUsage(e.format_message(), ctx=e.ctx)
+    out.exit_code = e.exit_code
+    return out
+
+
 class Command(click.Command):
     """A command whose failures end in one line and a documented exit code (errors.Exit): a known
     failure (SpecReplayError) exits 3, a bug 70 (SPEC_REPLAY_RAISE_ERRORS=1 re-raises both), Ctrl-C 130,
@@ -61,12 +75,18 @@ class Command(click.Command):
         byte, say) is a usage error, as a bad value is."""
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:
+            raise _one_line(e) from None
         except (ValueError, OSError) as e:
-            raise click.UsageError(f"a bad argument: {e}", ctx=parent) from None
+            raise OneLineUsage(f"a bad argument: {e}", ctx=parent) from None
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except OneLineUsage:
+            raise
+        except click.UsageError as e:
+            raise _one_line(e) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except SpecReplayError as e:

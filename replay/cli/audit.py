@@ -11,6 +11,7 @@ from tabulate import tabulate
 from replay.cli import main
 from replay.cli.options import given_flags, json_option, libllama_option, server_flags, verbose_option
 from replay.errors import Exit, KernelsError
+from replay.report import schema as report_json
 from replay.settings import BY_ATTR
 
 
@@ -55,7 +56,7 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
                     expected=given_flags(flags))
     kernels = _server_kernels(url, model, libllama, prompt or PROBE_PROMPT, n_probs, as_json) if model else None
     if as_json:
-        click.echo(json.dumps({**res.to_json(), **({"kernels": kernels} if model else {})}, indent=2))
+        click.echo(report_json.dumps({**res.to_json(), **({"kernels": kernels} if model else {})}, indent=2))
     else:
         click.echo(f"server:      {res.url}  ({res.build_info or 'unknown build'})")
         shape = res.loop_shape
@@ -149,7 +150,7 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, n_
                    f"--spec-type draft-simple, on {srv.kernels.describe()}", err=True)
         res = run_check(srv.url, n_predict=n_predict, n_probs=n_probs, prompt=prompt)
     if as_json:
-        click.echo(json.dumps(res.to_json(), indent=2))
+        click.echo(report_json.dumps(res.to_json(), indent=2))
         return
     click.echo(_token_rows(res.tokens))
     click.echo(f"/props speculative.types = {res.props_speculative!r}, /slots speculative = {res.slots_speculative}")

@@ -27,6 +27,7 @@ from replay.runtime import binding, health
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
 from replay.transcripts.entries import n_prompt_cached
+from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.readers import Record
 
 
@@ -149,8 +150,8 @@ def _probed(records: list[Record], candidates: list[Candidate], *, text: str, so
             model: str, flags: dict, options, bin_dir: Path, beyond: list[str], crashes: tuple[str, ...],
             quiet: bool) -> KernelChoice:
     """The candidate whose evaluation of the witnesses' first entries is the server's (kernel_choice)."""
-    shared = ("--shared-batches" if options.shared_batches else
-              next((s for s in (r.several_slots(flags.get("n_parallel")) for r in records) if s), None))
+    evidence = shared_evidence(records, flags.get("n_parallel"), options.shared_batches)
+    shared = next(iter(evidence.values()), None)
     ks = witnesses(records, shared=shared is not None)
     best = candidates[0]
     if not ks:

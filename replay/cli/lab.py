@@ -8,6 +8,7 @@ import click
 
 from replay.cli import main
 from replay.cli.options import BUILD, json_option, verbose_option
+from replay.report import schema as report_json
 
 PATHS = ("a", "b-greedy", "b-probabilistic", "c-greedy", "c-probabilistic", "d", "e", "f", "d-patched")
 
@@ -63,4 +64,4 @@ def dist(n_seeds: int, profile: str, paths: str | None, patched_example: bool, a
     lab = Lab(tiny_target(), tiny_draft(), seeds=range(1, n_seeds + 1))
     res = run_lab(lab, bins.server, bins.speculative, patched_speculative=patched, progress=progress_printer(),
                   paths=keys)
-    click.echo(json.dumps(res.to_json(), indent=2) if as_json else render(res))
+    click.echo(report_json.dumps(res.to_json(), indent=2) if as_json else render(res))

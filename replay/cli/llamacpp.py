@@ -10,6 +10,7 @@ from tabulate import tabulate
 from replay.cli import check_failed, main
 from replay.cli.lab import progress_printer
 from replay.cli.options import BUILD, json_option, verbose_option
+from replay.report import schema as report_json
 
 
 @main.command()
@@ -107,7 +108,7 @@ def _verify_server_patch(source: Path | None, profile: str, seeds: int, as_json:
     from replay.runtime.binding import loaded_path
     lib = str(loaded_path() or "llama-cpp-python's own")
     if as_json:
-        click.echo(json.dumps({"code_shape": shape, "libllama": lib, "passed": all(r.passed for r in rows),
+        click.echo(report_json.dumps({"code_shape": shape, "libllama": lib, "passed": all(r.passed for r in rows),
                                "rows": [r.to_json() for r in rows]}, indent=2))
     else:
         click.echo(tabulate(table(rows), headers=HEADERS))
@@ -129,7 +130,7 @@ def _verify_example_patch(source: Path | None, profile: str, as_json: bool) -> N
     ok = res.path("d-patched").verdict == "preserves" and all(
         s == n for a, b, s, n in res.agreements() if a == "d-patched")
     if as_json:
-        click.echo(json.dumps({**res.to_json(), "passed": ok}, indent=2))
+        click.echo(report_json.dumps({**res.to_json(), "passed": ok}, indent=2))
     else:
         click.echo(render(res))
         click.echo("\npatched llama-speculative: " + ("PASS (preserves the target distribution)" if ok else "FAIL"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,19 +24,23 @@ from replay.cli.options import (
 from replay.commands.recover import RecoverOptions
 from replay.comparison.values import DEFAULT_TOLERANCE
 from replay.errors import Exit, SpecReplayError
+from replay.report import schema as report_json
 from replay.report.recovery import RecoverResult
 
 
 def _recover_options(fn):
     opts = [
-        click.argument("transcript", type=click.Path(dir_okay=False)),
-        click.option("-m", "--model", required=True, type=click.Path(dir_okay=False),
+        click.argument("transcript", type=click.Path()),
+        click.option("-m", "--model", required=True, type=click.Path(),
                      help="the target GGUF the server ran (-m)"),
-        click.option("--request", "request_file", type=click.Path(dir_okay=False),
+        click.option("--renamed-model", is_flag=True,
+                     help="-m is the file the server loaded under another name: its name is not compared with "
+                          "the transcript's (its file type and size still are)"),
+        click.option("--request", "request_file", type=click.Path(),
                      help="the request body, for a transcript that is a bare response"),
         click.option("--report", "report_file", type=click.Path(dir_okay=False),
                      help="also write the per-token report as JSON"),
-        click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
+        click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True, type=TOLERANCE,
                      help="max |server - true| logprob for a real value to count as ok"),
         click.option("--no-prefix-reuse", is_flag=True,
                      help="evaluate every record's prompt from scratch (by default KV cells of a prompt prefix "
@@ -67,19 +72,65 @@ def _recover_options(fn):
     return fn
 
 
-def _load(transcript: str, request_file: str | None, model: str):
-    """(records, the file's text, the --request body), after checking the model file (a wrong model is
-    reported first)."""
-    from replay.errors import TranscriptError
+class _Tolerance(click.ParamType):
+    """--tolerance: a finite number of nats, 0 or more (a negative or NaN one would call every value
+    wrong, an infinite one every value right)."""
+
+    name = "NATS"
+
+    def convert(self, value, param, ctx):
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of nats", param, ctx)
+        if not math.isfinite(x) or x < 0:
+            self.fail(f"{value!r}: give a finite number of nats, 0 or more", param, ctx)
+        return x
+
+
+TOLERANCE = _Tolerance()
+
+
+def _input_file(path: str, what: str, error: type[SpecReplayError]) -> None:
+    """A file the command reads: one line (exit 3) if it is missing or not a file."""
+    p = Path(path)
+    if p.is_dir():
+        raise error(f"{path} is a directory, not {what}")
+    if not p.is_file():
+        raise error(f"{what} not found: {path}")
+
+
+def _load(transcript: str, request_file: str | None, model: str, *, renamed: bool = False):
+    """(records, the file's text, the --request body), after checking the files (a wrong model is
+    reported first, by name where the transcript names its model: comparison/identity.py)."""
+    from replay.comparison.identity import file_name, model_names
+    from replay.errors import ModelError, TranscriptError
     from replay.runtime.gguf import check_gguf
     from replay.transcripts.files import read_request
     from replay.transcripts.readers import read_source, read_text
-    if not Path(transcript).is_file():
-        raise TranscriptError("file not found", source=transcript)
+    _input_file(transcript, "a transcript file", TranscriptError)
+    _input_file(model, "a model file", ModelError)
     check_gguf(model)
     request = read_request(request_file) if request_file else None
     original = read_source(transcript)
-    return read_text(original, str(transcript), request), original, request
+    records = read_text(original, str(transcript), request)
+    for rec in records if not renamed else ():
+        for where, name in model_names(rec):
+            if file_name(name) not in (None, Path(model).name):
+                raise ModelError(f"{rec.where}: the server loaded {file_name(name)} ({where}), -m is "
+                                 f"{Path(model).name}: give the file the server loaded (--renamed-model if it is "
+                                 "that file renamed)")
+    return records, original, request
+
+
+def _not_an_input(out: Path, transcript: str, request_file: str | None, what: str) -> None:
+    """The output must never be an input: -o equal to the transcript would overwrite it (--in-place says
+    that on purpose)."""
+    for src in filter(None, (transcript, request_file)):
+        s = Path(src)
+        if out.resolve() == s.resolve() or (out.exists() and s.exists() and out.samefile(s)):
+            raise click.UsageError(f"{what} {out} is the input {src}: write elsewhere, or give --in-place to "
+                                   "replace the transcript on purpose")
 
 
 def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: bool, *, skip: int = 0,
@@ -96,7 +147,7 @@ def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: boo
 def _show(res: RecoverResult, as_json: bool) -> None:
     from replay.cli.render import summary_table, token_table
     if as_json:
-        click.echo(json.dumps(res.to_json(), indent=2))
+        click.echo(report_json.dumps(res.to_json(), indent=2))
         return
     if len(res.records) == 1:
         click.echo(token_table(res.records[0]))
@@ -120,7 +171,7 @@ def _show(res: RecoverResult, as_json: bool) -> None:
 def _write_report(report_file: str | None, res: RecoverResult, force: bool) -> None:
     from replay.transcripts.files import write_atomic
     if report_file:
-        write_atomic(report_file, json.dumps(res.to_json(), indent=2, allow_nan=False) + "\n", force=force)
+        write_atomic(report_file, report_json.dumps(res.to_json(), indent=2) + "\n", force=force)
 
 
 def _write_page(html_file: str | None, res: RecoverResult, force: bool) -> None:
@@ -150,8 +201,8 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="run the workers as Ray actors on this cluster (an address, or 'auto'); needs "
                    "pip install 'spec-replay[ray]'. --workers sets how many actors")
-def recover(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
-            shared_batches, as_json, html_file, force,
+def recover(transcript, model, renamed_model, request_file, report_file, tolerance, no_prefix_reuse, build, source,
+            server_backend, shared_batches, as_json, html_file, force,
             verbose, libllama, server_cpu, output, in_place, resume, workers, ray_address, **flags) -> None:
     """Recover a transcript's real logprobs into a repaired copy.
 
@@ -178,20 +229,24 @@ def recover(transcript, model, request_file, report_file, tolerance, no_prefix_r
     if bool(output) == bool(in_place):
         raise click.UsageError("give exactly one of -o/--output and --in-place")
     out = Path(transcript).resolve() if in_place else Path(output)
+    if not in_place:
+        _not_an_input(out, transcript, request_file, "-o")
     if not in_place and not resume:
         refuse_existing(out, force)
     for name, extra in (("--report", report_file), ("--html", html_file)):
         if extra:
-            if Path(extra).resolve() in (out.resolve(), Path(transcript).resolve()):
-                raise click.UsageError(f"{name} must not be the transcript or the output file")
+            _not_an_input(Path(extra), transcript, request_file, name)
+            if Path(extra).resolve() == out.resolve():
+                raise click.UsageError(f"{name} must not be the output file")
             refuse_existing(extra, force)
     if report_file and html_file and Path(report_file).resolve() == Path(html_file).resolve():
         raise click.UsageError("--report and --html must be different files")
     build = build_number(build)
-    records, original, request = _load(transcript, request_file, model)
+    records, original, request = _load(transcript, request_file, model, renamed=renamed_model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
-                             build=build, source=source, shared_batches=shared_batches)
+                             build=build, source=source, shared_batches=shared_batches,
+                             renamed_model=renamed_model)
     options = replace(options, cpu=choose_kernels(records, text=original, source=str(transcript), request=request,
                                                   model=str(Path(model).resolve()), flags=flags, options=options,
                                                   server_cpu=server_cpu, quiet=as_json))
@@ -278,9 +333,13 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
     res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")
     _write_report(report_file, res, force)
     _write_page(html_file, res, force)
-    if not failed:
+    wrong = None if failed else res.failure()  # the transcript judged as a whole (comparison/values.py)
+    if not failed and not wrong:
         journal.finish(force=force)
     _show(res, as_json)
+    if wrong:
+        check_failed(f"{wrong}; {out} not written (the records are kept in {journal.path})", res.failure_detail(),
+                     res.failure_code())
     if failed:
         kept = f"the {writer.next} records before it are kept in {journal.path}"
         if journal.ahead_path.exists():
@@ -294,8 +353,8 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
 
 @main.command()
 @_recover_options
-def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reuse, build, source, server_backend,
-         shared_batches, as_json, html_file, force,
+def diff(transcript, model, renamed_model, request_file, report_file, tolerance, no_prefix_reuse, build, source,
+         server_backend, shared_batches, as_json, html_file, force,
          verbose, libllama, server_cpu, **flags) -> None:
     """Compare the server's values with the true ones; write nothing.
 
@@ -304,14 +363,18 @@ def diff(transcript, model, request_file, report_file, tolerance, no_prefix_reus
     spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
     """
     from replay.transcripts.files import refuse_existing
-    for extra in (report_file, html_file):
+    for name, extra in (("--report", report_file), ("--html", html_file)):
         if extra:
+            _not_an_input(Path(extra), transcript, request_file, name)
             refuse_existing(extra, force)
+    if report_file and html_file and Path(report_file).resolve() == Path(html_file).resolve():
+        raise click.UsageError("--report and --html must be different files")
     build = build_number(build)
-    records, original, request = _load(transcript, request_file, model)
+    records, original, request = _load(transcript, request_file, model, renamed=renamed_model)
     choose_libllama(libllama, source, build, records, quiet=as_json)
     options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
-                             build=build, source=source, shared_batches=shared_batches)
+                             build=build, source=source, shared_batches=shared_batches,
+                             renamed_model=renamed_model)
     flags = given_flags(flags)
     options = replace(options, cpu=choose_kernels(records, text=original, source=str(transcript), request=request,
                                                   model=str(Path(model).resolve()), flags=flags, options=options,

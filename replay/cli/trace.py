@@ -22,6 +22,7 @@ from replay.cli.options import (
     verbose_option,
 )
 from replay.commands.trace import TraceResult
+from replay.report import schema as report_json
 from replay.transcripts.readers import Record
 
 
@@ -122,11 +123,12 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
                                            prompt=prompt), force=force)
         click.echo(f"wrote {html_file}", err=True)
     if as_json:
+        head = {"format": report_json.TRACE_FORMAT, "version": report_json.REPORT_VERSION}
         if len(results) == 1:
-            click.echo(json.dumps({**results[0][1].to_json(piece), **cpu}, indent=2))
+            click.echo(report_json.dumps({**head, **results[0][1].to_json(piece), **cpu}, indent=2))
         else:
-            click.echo(json.dumps({"records": [dict(r.to_json(piece), record=rec.index) for rec, r in results], **cpu},
-                                  indent=2))
+            click.echo(report_json.dumps({**head, "records": [dict(r.to_json(piece), record=rec.index)
+                                                              for rec, r in results], **cpu}, indent=2))
     else:
         for rec, res in results:
             if len(results) > 1:

@@ -125,7 +125,9 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
             "the first entry"
         distinct = list(dict.fromkeys(str(p.error) for p in probes))
         if len(distinct) == 1:  # the same failure under every variant: the record's, not the kernels'
-            raise KernelsError(f"{which} could not be evaluated: {distinct[0]}").with_detail(
+            # an error that names its record is the record's own (a context too small, a wrong model): as it is
+            raise KernelsError(distinct[0] if ", record " in distinct[0] else
+                               f"{which} could not be evaluated: {distinct[0]}").with_detail(
                 f"{which} could not be evaluated under any CPU variant ({errors})")
         raise KernelsError(f"{which} could not be evaluated under any CPU variant ({distinct[0]}; and "
                            f"{len(distinct) - 1} other error(s))").with_detail(

@@ -117,7 +117,14 @@ def server_snapshot(url: str) -> dict:
         slots = get_json(url, "/slots")
     except ServerError:
         slots = None  # started with --no-slots
-    return {"url": url, "build_info": props.get("build_info"), "props": props, "slots": slots}
+    try:  # the model's size and parameter count (comparison/identity.py)
+        listed = get_json(url, "/v1/models")
+        meta = listed["data"][0]["meta"]
+        meta = {k: meta[k] for k in ("size", "n_params", "n_vocab", "ftype") if k in meta}
+    except (ServerError, KeyError, IndexError, TypeError):
+        meta = None
+    return {"url": url, "build_info": props.get("build_info"), "props": props, "slots": slots,
+            **({"models_meta": meta} if meta else {})}
 
 
 def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | None = None) -> dict:

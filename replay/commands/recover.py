@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from replay.builds.loop_shapes import Shape, shape_for
 from replay.builds.prompt_rules import rules_of_build
+from replay.comparison.identity import Compared, ModelFacts, compare_model, mismatch
 from replay.comparison.values import (
     BATCH_BOUND,
     DEFAULT_TOLERANCE,
@@ -41,6 +42,7 @@ from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
 from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
 from replay.transcripts.plan import Gap, Plan, build_plan, entry_at
+from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.readers import Record, fingerprint, read_source, read_text
 from replay.transcripts.request import request_settings
 
@@ -56,6 +58,7 @@ class RecoverOptions:
     source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
     shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
+    renamed_model: bool = False  # --renamed-model: -m is the server's file under another name (comparison/identity.py)
     only_entries: int = 0  # evaluate the prompt and only this many generated tokens; 0: all (commands/probe.py)
     cpu: Any = None  # commands/kernel_choice.py KernelChoice: the CPU variant this run replays on (None: one linked in)
 
@@ -77,6 +80,7 @@ class ReadRecord:
     slots: int | None  # the server's slot count (None: not known)
     shared: str | None  # why the server's batches may have been shared with other requests, or None
     server_backend: str  # what the server computed on, as far as is known
+    identity: tuple[Compared, ...] = ()  # the transcript's evidence on the model, compared with -m
 
     @property
     def n_probs(self) -> int:
@@ -125,9 +129,12 @@ class Recoverer:
     context settings resolve from them, its transcript and /props (settings/config.py)."""
 
     def __init__(self, model: Model | str | Path, flags: dict | None = None,
-                 options: RecoverOptions | None = None):
+                 options: RecoverOptions | None = None, *, records: Sequence[Record] = ()):
         self.flags = dict(flags or {})
         self.options = options or RecoverOptions()
+        # why each record's batches may have been shared, judged over the whole file (records that ran
+        # at the same time show each other): transcripts/concurrency.py
+        self.shared = shared_evidence(records, self.flags.get("n_parallel"), self.options.shared_batches)
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,
                                                                   **model_params(self.flags))
@@ -137,6 +144,7 @@ class Recoverer:
         self._pieces: PieceIndex | None = None
         self._exact_upto = 0  # KV positions the previous record left as the server computed them
         self._piece_cache: dict[int, bytes] = {}
+        self._facts: ModelFacts | None = None
 
     def close(self) -> None:
         if self._ctx is not None:
@@ -153,6 +161,11 @@ class Recoverer:
         return {**(rec.flags or {}), **{BY_ATTR[a].flag: v for a, v in self.flags.items() if a in BY_ATTR}}
 
     # --- the model ----------------------------------------------------------------------
+
+    def facts(self) -> ModelFacts:
+        if self._facts is None:
+            self._facts = ModelFacts.of(self.model)
+        return self._facts
 
     def piece(self, tid: int) -> bytes:
         b = self._piece_cache.get(tid)
@@ -228,7 +241,8 @@ class Recoverer:
         if cpu is not None and cpu.how in ("nearest", "unknown") and kernels is None:
             kernels = f"no CPU variant here reproduces the server's kernels ({cpu.describe()})"
         cause = numerics_cause(read.shared, kernels)
-        judged, weighted, batched = judge_numerics([o.report for o in outcomes], cause, self.options.batch_bound)
+        judged, apart, batched = judge_numerics([o.report for o in outcomes], cause, self.options.batch_bound)
+        weighted = apart.worst
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         tokens = [o.report for o in outcomes]
         notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else [])
@@ -239,7 +253,8 @@ class Recoverer:
             notes.append(f"the server's real values differ from this replay's ({self.backend.name}, one request) "
                          f"by up to {worst:.3g} nats ({weighted:.3g} weighted by probability, first "
                          f"entry and record): {cause}; within the {self.options.batch_bound} nats other "
-                         "numerics explain (a wrong model file differs by 0.45 or more), so they are kept as "
+                         "numerics explain (a requantised model file measured 0.38 or more, first entries 0.17 "
+                         "or more), so they are kept as "
                          f"sent and the rest gets {self.backend.name} one-request values")
         error = None
         if run.unaligned is not None:
@@ -260,6 +275,8 @@ class Recoverer:
             settings=read.settings.describe(), slots=read.slots, shape=read.shape, replay_backend=self.backend.name,
             libllama=None if loaded_path() is None else str(loaded_path()), server_backend=read.server_backend,
             kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause, weighted_diff=weighted,
+            first_diff=apart.first, identity=[c.to_json() for c in read.identity],
+            model_file=self.model.path.name,
             batched=batched, schedule=run.schedule)
         return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
 
@@ -276,6 +293,10 @@ class Recoverer:
                               build_info=rec.build_info or fingerprint(rec))
         except ValueError as e:
             raise TranscriptError(str(e)) from None
+        identity = tuple(compare_model(rec, self.facts(), renamed=self.options.renamed_model))
+        wrong = mismatch(list(identity), "-m")
+        if wrong:
+            raise ModelError(wrong)
         plan = build_plan(rec, self.piece, settings.stop)
         self.check_vocab(rec, plan)
         prompt = prompt_ids(rec, self.model, view)
@@ -284,7 +305,7 @@ class Recoverer:
         final = rec.final()
         notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
                                         if view is not None else [])
-        shared = rec.several_slots(self.flags.get("n_parallel")) or (
+        shared = self.shared.get(rec.index) or rec.several_slots(self.flags.get("n_parallel")) or (
             "--shared-batches" if self.options.shared_batches else None)
         return ReadRecord(
             rec=rec, post=bool(rec.request.get("post_sampling_probs")), settings=settings, shape=shape, plan=plan,
@@ -292,7 +313,7 @@ class Recoverer:
             context=resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props), final=final,
             speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
             slots=rec.slots(self.flags.get("n_parallel")), shared=shared,
-            server_backend=server_backend(self._server_flags(rec), self.options.server_backend))
+            server_backend=server_backend(self._server_flags(rec), self.options.server_backend), identity=identity)
 
     def _evaluate(self, read: "ReadRecord") -> "Evaluated":
         """The truth of every generated token: the prompt in the server's batches on what the slot kept
@@ -373,7 +394,7 @@ def recover_records(records: list[Record], model: Model | str | Path, *, flags: 
                     skip: int = 0, on_record: Callable[[Record, Recovered], bool] | None = None) -> list[Recovered]:
     """Recover records in order. `skip` leaves the first ones out (finished by an earlier,
     interrupted run); `on_record(record, recovered)` runs after each and may return False to stop."""
-    r = Recoverer(model, flags, options)
+    r = Recoverer(model, flags, options, records=records)
     out: list[Recovered] = []
     try:
         for k, rec in enumerate(records):
@@ -392,5 +413,7 @@ def recover_records(records: list[Record], model: Model | str | Path, *, flags: 
 def result_of(records: list[Record], done: list[Recovered], original: str) -> RecoverResult:
     """The report of `done`, with the repaired file text when every record of the file was recovered."""
     complete = len(done) == len(records) and all(d.container is not None for d in done)
-    text = serialise(records, [d.container for d in done], original) if complete else ""
-    return RecoverResult([d.report for d in done], text)
+    res = RecoverResult([d.report for d in done], "")
+    if complete and res.failure() is None:  # nothing is written for a transcript judged wrong as a whole
+        res.repaired = serialise(records, [d.container for d in done], original)
+    return res

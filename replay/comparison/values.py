@@ -64,6 +64,14 @@ SPEC_KV_DRIFT = 0.3
 # their own, so the first entry tells a wrong model file from batching; the record mean is a
 # sanity bound. Beyond the bound the model file or the build is not the server's.
 BATCH_BOUND = 0.25
+# Measured again with a 4-slot b11434 server and 8 concurrent OpenAI-SDK chat requests (bench/identity.py,
+# docs/recover.md "A wrong model file"): the right model's first entries were 0 to 0.152 nats off
+# (SmolLM2 Q4_1) and 0.012 to 0.141 (Gemma 3 Q4_K_M); requantised to Q4_0 they were 0.17 to 1.03 and
+# 0.92 to 1.15 (records 0.38 or more), to Q2_K 0.36 or more. A Q8_0 requantisation stays within the
+# noise (first entries 0.01 to 0.15): values cannot tell it, the transcript's model name does
+# (comparison/identity.py). A model every record's first entry is this far from is not the server's,
+# whatever else may have moved the values.
+FIRST_ENTRY_BOUND = 0.2
 
 
 def tops_agree(server: list[tuple[int | None, float]], true: list[tuple[int, float]], tol: float) -> bool:
@@ -204,19 +212,62 @@ def numerics_cause(shared: str | None, kernels: str | None) -> str | None:
     return "; ".join(causes) or None
 
 
+@dataclass(frozen=True)
+class Disagreement:
+    """How far a record's real values are from the replay's, weighted by probability
+    (weighted_disagreement): its first real entry (computed in the prompt batch: the one a wrong model
+    file cannot hide in) and all of them. None: no real value."""
+
+    first: float | None
+    record: float | None
+
+    @property
+    def worst(self) -> float | None:
+        """The larger of the two (None without real values).
+
+        >>> Disagreement(0.02, 0.1).worst, Disagreement(None, None).worst
+        (0.1, None)
+        """
+        known = [x for x in (self.first, self.record) if x is not None]
+        return max(known) if known else None
+
+
+def disagreement(reports: list[TokenReport]) -> Disagreement:
+    """The Disagreement of one record's token reports."""
+    real = [r for r in reports if r.real_pairs]
+    return Disagreement(weighted_disagreement(real[:1]), weighted_disagreement(real))
+
+
 def judge_numerics(reports: list[TokenReport], cause: str | None, bound: float = BATCH_BOUND) -> tuple[
-        list[TokenReport], float | None, bool]:
+        list[TokenReport], Disagreement, bool]:
     """Where the server's numerics may differ from the replay's (`cause`, numerics_cause), real values
     that disagree are numerics when the weighted disagreement of the first real entry, and of the record,
     are within `bound` (BATCH_BOUND): they become ok, kept as sent, with the cause in their note.
-    Returns (reports, the larger of the two disagreements, judged numerics)."""
-    real = [r for r in reports if r.real_pairs]
-    w = weighted_disagreement(real)
-    if w is not None:
-        w = max(w, weighted_disagreement(real[:1]) or 0.0)
+    Returns (reports, their Disagreement, judged numerics). The transcript's evidence as a whole is
+    judged after every record (comparison/evidence.py)."""
+    d = disagreement(reports)
+    w = d.worst
     if cause is None or w is None or w > bound or not any(r.status == "mismatch" for r in reports):
-        return reports, w, False
+        return reports, d, False
     out = [replace(r, status="ok", note=f"|diff| {abs(r.server_logprob - r.true_logprob):.2e}: {cause} (kept as sent)")
            if r.status == "mismatch" and r.server_logprob is not None and r.true_logprob is not None else r
            for r in reports]
-    return out, w, True
+    return out, d, True
+
+
+def wrong_everywhere(firsts: list[float]) -> str | None:
+    """The transcript-wide verdict on the model where options or evidence let numerics explain
+    disagreement: one line when every record's first real entry (its weighted disagreement) is beyond
+    FIRST_ENTRY_BOUND, else None. Judged on all of them, not one number.
+
+    >>> wrong_everywhere([0.02, 0.31]) is None
+    True
+    >>> print(wrong_everywhere([0.38, 0.92]))
+    every record's first entry is 0.380 nats or more from this model's (2 records), beyond the 0.2 that shared batches and other kernels move one (0.152 at most measured): the model file is not the server's
+    """
+    if not firsts or min(firsts) <= FIRST_ENTRY_BOUND:
+        return None
+    n = len(firsts)
+    return (f"every record's first entry is {min(firsts):.3f} nats or more from this model's ({n} record"
+            f"{'s' if n != 1 else ''}), beyond the {FIRST_ENTRY_BOUND} that shared batches and other kernels move "
+            "one (0.152 at most measured): the model file is not the server's")

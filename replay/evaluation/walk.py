@@ -36,7 +36,7 @@ from replay.schedule.memory import SlotMemory
 from replay.schedule.prefix import FRESH, Prefix
 from replay.schedule.prompt import NO_SPANS, MessageSpans
 from replay.settings.sampling import Effective
-from replay.transcripts.plan import Gap, PlanItem
+from replay.transcripts.plan import Gap, Known, PlanItem
 
 KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
 
@@ -104,8 +104,9 @@ def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, p
     model's own distribution).
     """
     ctx = slot.ctx
-    slot.start(prompt, prefix, spans)
     n_prompt = len(prompt)
+    _check_room(ctx, positions_needed(n_prompt, plan), at_least=any(isinstance(i, Gap) for i in plan))
+    slot.start(prompt, prefix, spans)
     pending = ctx.logits_view(-1)  # scores generated token 0 (views: each is read before the next decode)
     pos = n_prompt
     index = 0
@@ -153,10 +154,23 @@ def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, p
             pending = ctx.logits_view(0)
 
 
-def _check_room(ctx: Context, n: int) -> None:
+def positions_needed(n_prompt: int, plan: Sequence[PlanItem]) -> int:
+    """The KV positions evaluating a record takes: the prompt, then every generated token but the last
+    (it is scored by the row before it and never decoded). A Gap (text without ids) takes at least one
+    token, so with gaps this is a lower bound.
+
+    >>> positions_needed(5, [Known(i, None) for i in range(20)])   # the fixture: -c 24 is enough
+    24
+    >>> positions_needed(5, [])
+    5
+    """
+    return n_prompt + max(len(plan) - 1, 0)
+
+
+def _check_room(ctx: Context, n: int, at_least: bool = False) -> None:
     if n > ctx.n_ctx:
-        raise ModelError(f"prompt + completion need {n} positions but the context holds {ctx.n_ctx}: "
-                         "pass a larger --ctx-size")
+        raise ModelError(f"prompt + completion need {'at least ' if at_least else ''}{n} positions but the "
+                         f"context holds {ctx.n_ctx}: pass --ctx-size {n} or more")
 
 
 def stateful_sampler(params) -> str | None:

@@ -100,6 +100,13 @@ def gemma3_draft(quantize: Path | None = None) -> Path:
     return _requantized(gemma3(), models_dir() / "gemma-3-270m.Q2_K-from-Q4_K_M.gguf", "Q2_K", quantize)
 
 
+def requantized(target: Path, qtype: str, quantize: Path | None = None) -> Path:
+    """`target` requantised to `qtype` by the built llama-quantize (cached beside it): a close model, the
+    kind users mix up (bench/identity.py measures how far its values are from the target's)."""
+    stem = target.name[:-len(".gguf")] if target.name.endswith(".gguf") else target.name
+    return _requantized(target, models_dir() / f"{stem}.requantized-{qtype}.gguf", qtype, quantize)
+
+
 def _requantized(target: Path, dst: Path, qtype: str, quantize: Path | None) -> Path:
     if dst.is_file():
         return dst

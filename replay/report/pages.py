@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any, Callable, Iterable, Sequence
 
 from replay.report.recovery import RecoverResult
+from replay.report.schema import finite
 
 # how a token came to be emitted, in the order the legend shows them
 PROVENANCE = {
@@ -141,7 +142,7 @@ def embed_json(data: Any) -> str:
     >>> embed_json({"t": "</script><img src=x onerror=alert(1)>"})
     '{"t": "\\\\u003c/script\\\\u003e\\\\u003cimg src=x onerror=alert(1)\\\\u003e"}'
     """
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    text = json.dumps(finite(data), ensure_ascii=False, allow_nan=False)
     for ch, esc in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"),
                     ("\u2029", "\\u2029")):
         text = text.replace(ch, esc)

@@ -7,8 +7,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay.comparison.values import BATCH_BOUND, RECOVERED, STATUSES, TokenReport
+from replay.comparison.values import (
+    BATCH_BOUND,
+    FIRST_ENTRY_BOUND,
+    RECOVERED,
+    STATUSES,
+    TokenReport,
+    wrong_everywhere,
+)
 from replay.errors import Exit
+from replay.report.schema import REPORT_FORMAT, REPORT_VERSION
 
 
 @dataclass
@@ -36,8 +44,11 @@ class RecordReport:
     cpu: dict | None = None  # commands/kernel_choice.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
     cause: str | None = None  # comparison/values.py numerics_cause: why its values may differ from a one-request replay
     weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values
+    first_diff: float | None = None  # the same of the first real entry alone (comparison/values.py Disagreement)
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
     schedule: dict | None = None  # schedule/memory.py schedule_of: the prompt batches and checkpoints replayed
+    identity: list[dict] = field(default_factory=list)
+    model_file: str | None = None  # the -m file's name  # comparison/identity.py: the model evidence compared with -m
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -72,9 +83,11 @@ class RecordReport:
              "numerics": {"slots": self.slots, "replay_backend": self.replay_backend, "libllama": self.libllama,
                           "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
                           "weighted_mean_diff_real": self.weighted_diff,
+                          "weighted_diff_first_entry": self.first_diff,
                           "cause": ("batch composition" if self.kernels is None else
                                     "kernels" if self.slots == 1 else "batch composition and kernels")
                           if self.batched else None},
+             "model": {"file": self.model_file, "compared": self.identity},
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:
             d["error"] = self.error
@@ -92,7 +105,7 @@ class RecoverResult:
 
     @property
     def ok(self) -> bool:
-        return all(r.recovered for r in self.records)
+        return all(r.recovered for r in self.records) and self._failure() is None
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -106,7 +119,8 @@ class RecoverResult:
                 "reused_prompt_tokens": sum(r.reused_prompt_tokens for r in self.records)}
 
     def to_json(self) -> dict:
-        out = {"records": [r.to_json() for r in self.records], "summary": self.summary()}
+        out = {"format": REPORT_FORMAT, "version": REPORT_VERSION,
+               "records": [r.to_json() for r in self.records], "summary": self.summary()}
         failure = self._failure()
         if failure is not None:
             out["failure"] = {"line": failure[0], "detail": failure[1]}
@@ -128,6 +142,12 @@ class RecoverResult:
         return None if f is None else f[1]
 
     def _failure(self) -> tuple[str, str] | None:
+        lenient = [r for r in self.records if r.batched]
+        wrong = wrong_everywhere([r.first_diff for r in self.records if r.first_diff is not None]) if lenient else None
+        if wrong:
+            return wrong, (f"{wrong}; its real values were judged against {lenient[0].cause}, which moves a first "
+                           f"entry by at most {FIRST_ENTRY_BOUND} nats, but none of the {len(self.records)} "
+                           "record(s) is that close (docs/recover.md, \"A wrong model file\")")
         for r in self.records:
             if r.error:
                 line = f"{r.source}, record {r.record}: {r.error}"

@@ -39,7 +39,8 @@ STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch", "llama_t
 FUNCTIONS = (
     "llama_backend_init", "llama_log_set", "llama_supports_gpu_offload",
     "llama_model_default_params", "llama_model_load_from_file", "llama_model_free", "llama_model_get_vocab",
-    "llama_model_meta_val_str", "llama_model_chat_template",
+    "llama_model_meta_val_str", "llama_model_chat_template", "llama_model_desc", "llama_model_size",
+    "llama_model_n_params",
     "llama_context_default_params", "llama_init_from_model", "llama_free", "llama_n_ctx", "llama_n_ubatch",
     "llama_decode", "llama_get_logits_ith", "llama_get_memory", "llama_memory_clear", "llama_memory_seq_rm",
     "llama_memory_seq_pos_min", "llama_memory_seq_pos_max", "llama_model_n_swa",

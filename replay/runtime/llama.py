@@ -240,6 +240,21 @@ class Model(_Owner):
         t = L.llama_model_chat_template(self.ptr, None)
         return t.decode("utf-8") if t else None
 
+    def desc(self) -> str:
+        """libllama's description, "<arch> <size> <file type>" (llama_model_desc, src/llama-model.cpp): its
+        file type part is what llama-server reports as /props model_ftype (llama_ftype_name)."""
+        buf = ctypes.create_string_buffer(256)
+        L.llama_model_desc(self.ptr, buf, 256)
+        return buf.value.decode("utf-8", "replace")
+
+    def size_bytes(self) -> int:
+        """The weights' size in bytes (llama_model_size: /v1/models meta.size)."""
+        return int(L.llama_model_size(self.ptr))
+
+    def n_params(self) -> int:
+        """The parameter count (llama_model_n_params: /v1/models meta.n_params)."""
+        return int(L.llama_model_n_params(self.ptr))
+
     def meta(self, key: str) -> str | None:
         """A metadata value as libllama renders it (llama_model_meta_val_str: the text the server's
         own readers parse), or None if the file has no such (non-array) key."""

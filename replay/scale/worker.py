@@ -83,7 +83,7 @@ class Evaluator:
         self.recoverer: Recoverer | None = None
         self.target = self.drafts = None  # trace's target and draft models
         if job.trace is None:
-            self.recoverer = Recoverer(job.model, flags, job.options)
+            self.recoverer = Recoverer(job.model, flags, job.options, records=self.records)
         else:
             from replay.commands.trace import Drafts
             from replay.runtime.llama import Model, model_params

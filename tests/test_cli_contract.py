@@ -18,7 +18,9 @@ COMMANDS = sorted(main.commands)
 
 
 def _options(cmd: click.Command) -> list[click.Option]:
-    return [p for p in cmd.params if isinstance(p, click.Option)]
+    """The command's own options. Hidden ones are llama-server's other flags, spelled and taken as the
+    server takes them (settings/server_flags.py, tests/test_server_flags.py): not part of this contract."""
+    return [p for p in cmd.params if isinstance(p, click.Option) and not p.hidden]
 
 
 def test_every_command_is_listed_in_the_top_level_help():

@@ -18,7 +18,7 @@ NAME = "tiny-draft-simple.json"
 def _edited(tmp_path, flags: dict | None = None, request: dict | None = None):
     t = json.loads((FIXTURES / "transcripts" / NAME).read_text())
     if flags is not None:
-        t.setdefault("server", {})["flags"] = {"--spec-draft-model": "draft.gguf", **flags}
+        t.setdefault("server", {})["flags"] = {"--spec-draft-model": "tiny-draft.gguf", **flags}
     t["request"].update(request or {})
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))

@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from replay.cli import main
 from replay.cli.options import given_flags, json_option, libllama_option, server_flags, verbose_option
-from replay.errors import Exit, KernelsError
+from replay.errors import Exit, KernelsError, ServerError
 from replay.report import schema as report_json
 from replay.settings import BY_ATTR
 
@@ -32,11 +32,14 @@ def _token_rows(tokens: list[dict]) -> str:
 @click.option("-m", "--model", type=click.Path(dir_okay=False, exists=True),
               help="the server's target GGUF, here too: then say which CPU kernels the server computes with (the "
                    "variant of a release-style libllama that reproduces its first entry)")
+@click.option(*BY_ATTR["draft_model"].names, "draft", type=click.Path(),
+              help="the server's draft GGUF: taken as the server spells it, and not used (no endpoint of the "
+                   "server names its draft, so there is nothing to check it against)")
 @libllama_option
 @server_flags("speculative", exclude=("draft_model",))
 @verbose_option
 def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, model: str | None,
-          libllama: str | None, verbose: bool, **flags) -> None:
+          draft: str | None, libllama: str | None, verbose: bool, **flags) -> None:
     """Check a running llama-server for placeholder probabilities.
 
     Exit 0: every token carries real probabilities; 1: placeholders found;
@@ -54,6 +57,7 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
     from replay.commands.audit import check as run_check
     res = run_check(url, n_predict=probe_tokens, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
                     expected=given_flags(flags))
+    _unreachable(res, as_json)
     kernels = _server_kernels(url, model, libllama, prompt or PROBE_PROMPT, n_probs, as_json) if model else None
     if as_json:
         click.echo(report_json.dumps({**res.to_json(), **({"kernels": kernels} if model else {})}, indent=2))
@@ -83,6 +87,13 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
     if res.exit_code == Exit.ERROR and not as_json:
         click.echo(f"Error: cannot tell: {res.verdict}", err=True)
     sys.exit(res.exit_code)
+
+
+def _unreachable(res, as_json: bool) -> None:
+    """A server that cannot be reached, or is no llama.cpp server, is a failure like any other: one line,
+    or {"error": ...} under --json (an audit is for a server that answered)."""
+    if res.exit_code == Exit.ERROR and res.build_info is None and not res.tokens:
+        raise ServerError(f"cannot tell: {res.verdict}")
 
 
 def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_probs: int, quiet: bool) -> dict:

@@ -26,8 +26,8 @@ from replay.errors import KernelsError, TranscriptError
 from replay.runtime import binding, health
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
-from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.concurrency import shared_evidence
+from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record
 
 

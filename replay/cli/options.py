@@ -9,6 +9,7 @@ or llama-server's default (settings/config.py), and reports say which.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,6 +54,48 @@ def server_flags(*groups: str, exclude: tuple[str, ...] = ()) -> Callable:
                 fn = _option(s)(fn)
         return fn
     return decorate
+
+
+def every_server_flag(command: str) -> Callable:
+    """Take every other flag llama-server has (settings/server_flags.py), hidden from --help: given on
+    the command line, each is ignored with a note on stderr or refused in one line, by name. Put it
+    right under the command's decorator: it adds only the names the command does not already take."""
+    from replay.settings.server_flags import SERVER_FLAGS, turns_off
+
+    def decorate(fn: Callable) -> Callable:
+        taken = {o for p in getattr(fn, "__click_params__", []) for o in (*p.opts, *p.secondary_opts)}
+        taken |= {"-h", "--help"}
+        names: dict[str, str] = {}  # param name -> the flag name said (its first)
+        for k, f in enumerate(SERVER_FLAGS):
+            free = [n for n in f.names if n not in taken]
+            # one option per entry (a flag without a value: one for its on names, one for its off names)
+            groups = [free] if f.value else [[n for n in free if not turns_off(n)], [n for n in free if turns_off(n)]]
+            for j, group in enumerate(g for g in groups if g):
+                param = f"server_flag_{k}_{j}"
+                names[param] = group[0]
+                if f.value:
+                    fn = click.option(*group, param, multiple=True, hidden=True, metavar="VALUE")(fn)
+                else:
+                    fn = click.option(*group, param, is_flag=True, default=False, hidden=True)(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            for param in [k for k in kwargs if k in names]:
+                given = kwargs.pop(param)
+                for value in (given if isinstance(given, tuple) else [True] if given else []):
+                    _say_server_flag(names[param], value, command)
+            return fn(*args, **kwargs)
+        return run
+    return decorate
+
+
+def _say_server_flag(name: str, value: Any, command: str) -> None:
+    from replay.errors import SettingsError
+    from replay.settings.server_flags import judge
+    verdict, line = judge(name, value, command)
+    if verdict == "refused":
+        raise SettingsError(line)
+    click.echo(f"note: {line}", err=True)
 
 
 def given_flags(kwargs: dict) -> dict[str, Any]:
@@ -140,3 +183,12 @@ def choose_libllama(explicit: str | None, source, build: int | None, records=(),
         click.echo(f"warning: {choice.warning}", err=True)
     if choice.hint and not quiet:
         click.echo(f"hint: {choice.hint}", err=True)
+
+
+def input_file(path: str, what: str, error: type) -> None:
+    """A file the command reads: one line (exit 3) if it is missing or not a file."""
+    p = Path(path)
+    if p.is_dir():
+        raise error(f"{path} is a directory, not {what}")
+    if not p.is_file():
+        raise error(f"{what} not found: {path}")

@@ -9,7 +9,7 @@ import click
 
 from replay.cli import main
 from replay.cli.options import given_flags, server_flags, verbose_option
-from replay.errors import Exit, SpecReplayError, TranscriptError
+from replay.errors import Exit, SpecReplayError, TranscriptError, json_error
 from replay.settings import flags_block
 from replay.transcripts.format import ENDPOINTS
 
@@ -65,7 +65,7 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
         try:
             obj = json.loads(text)
         except ValueError as e:
-            raise TranscriptError(f"invalid JSON ({e})", source=request_file) from e
+            raise TranscriptError(f"invalid JSON ({json_error(e)})", source=request_file) from e
         t = record_one(url, make_item(obj, endpoint, request_file), recorded, snapshot=snapshot)
         write_atomic(out, dumps(t) + "\n", force=force)
         click.echo(f"recorded 1 request to {out}", err=True)

@@ -15,7 +15,9 @@ from replay.cli.options import (
     BUILD,
     build_number,
     choose_libllama,
+    every_server_flag,
     given_flags,
+    input_file,
     json_option,
     libllama_option,
     server_flags,
@@ -91,15 +93,6 @@ class _Tolerance(click.ParamType):
 TOLERANCE = _Tolerance()
 
 
-def _input_file(path: str, what: str, error: type[SpecReplayError]) -> None:
-    """A file the command reads: one line (exit 3) if it is missing or not a file."""
-    p = Path(path)
-    if p.is_dir():
-        raise error(f"{path} is a directory, not {what}")
-    if not p.is_file():
-        raise error(f"{what} not found: {path}")
-
-
 def _load(transcript: str, request_file: str | None, model: str, *, renamed: bool = False):
     """(records, the file's text, the --request body), after checking the files (a wrong model is
     reported first, by name where the transcript names its model: comparison/identity.py)."""
@@ -108,8 +101,8 @@ def _load(transcript: str, request_file: str | None, model: str, *, renamed: boo
     from replay.runtime.gguf import check_gguf
     from replay.transcripts.files import read_request
     from replay.transcripts.readers import read_source, read_text
-    _input_file(transcript, "a transcript file", TranscriptError)
-    _input_file(model, "a model file", ModelError)
+    input_file(transcript, "a transcript file", TranscriptError)
+    input_file(model, "a model file", ModelError)
     check_gguf(model)
     request = read_request(request_file) if request_file else None
     original = read_source(transcript)
@@ -145,7 +138,7 @@ def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: boo
 
 
 def _show(res: RecoverResult, as_json: bool) -> None:
-    from replay.cli.render import summary_table, token_table
+    from replay.cli.render import shown, summary_table, token_table
     if as_json:
         click.echo(report_json.dumps(res.to_json(), indent=2))
         return
@@ -153,7 +146,7 @@ def _show(res: RecoverResult, as_json: bool) -> None:
         click.echo(token_table(res.records[0]))
         click.echo()
         if res.records[0].settings:
-            click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in res.records[0].settings))
+            click.echo("settings: " + "; ".join(f"{k} {shown(v)} ({src})" for k, v, src in res.records[0].settings))
     click.echo(summary_table(res))
     shapes = dict.fromkeys((r.shape.era.describe(), r.shape.why, r.shape.warning, r.replay_backend, r.server_backend,
                             (r.cpu or {}).get("variant")) for r in res.records if r.shape is not None)
@@ -190,6 +183,7 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
 
 
 @main.command()
+@every_server_flag("recover")
 @_recover_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="where to write the repaired transcript")
 @click.option("--in-place", is_flag=True, help="replace the input file (atomically) with the repaired one")
@@ -352,6 +346,7 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
 
 
 @main.command()
+@every_server_flag("recover")
 @_recover_options
 def diff(transcript, model, renamed_model, request_file, report_file, tolerance, no_prefix_reuse, build, source,
          server_backend, shared_batches, as_json, html_file, force,

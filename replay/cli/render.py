@@ -6,6 +6,17 @@ from tabulate import tabulate
 from replay.report.recovery import RecordReport, RecoverResult
 
 
+def shown(value) -> str:
+    """A setting's value as a user would type it on llama-server's command line.
+
+    >>> shown(("draft-simple",)), shown(["ngram-mod", "draft-simple"]), shown("greedy"), shown(0.8), shown(None)
+    ('draft-simple', 'ngram-mod,draft-simple', "'greedy'", '0.8', 'None')
+    """
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return repr(value)
+
+
 def _f(x: float | None, digits: int = 4) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 

@@ -15,20 +15,28 @@ from replay.cli.options import (
     BUILD,
     build_number,
     choose_libllama,
+    every_server_flag,
     given_flags,
+    input_file,
     json_option,
     libllama_option,
     server_flags,
     verbose_option,
 )
+from replay.cli.render import shown
 from replay.commands.trace import TraceResult
+from replay.errors import ModelError, TranscriptError
 from replay.report import schema as report_json
 from replay.transcripts.readers import Record
 
 
 @main.command()
-@click.argument("transcript", required=False, type=click.Path(dir_okay=False))
-@click.option("-m", "--model", required=True, type=click.Path(dir_okay=False), help="the target GGUF (-m)")
+@every_server_flag("trace")
+@click.argument("transcript", required=False, type=click.Path())
+@click.option("-m", "--model", required=True, type=click.Path(), help="the target GGUF (-m)")
+@click.option("--renamed-model", is_flag=True,
+              help="-m (and -md) are the files the server loaded under other names: their names are not compared "
+                   "with the transcript's (file type and size still are)")
 @click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
 @click.option("--build", "build", type=BUILD,
               help="replay the loop of this llama.cpp build (b11434; default: the transcript's build_info)")
@@ -50,7 +58,7 @@ from replay.transcripts.readers import Record
 @libllama_option
 @server_cpu_option
 @server_flags("speculative", "context", "sampling")
-def trace(transcript, model, request_file, build, source, prompt, steps_range, as_json, html_file, force, verbose,
+def trace(transcript, model, renamed_model, request_file, build, source, prompt, steps_range, as_json, html_file, force, verbose,
           libllama, server_cpu, workers, **flags) -> None:
     """Replay the server's speculative loop step by step.
 
@@ -87,6 +95,9 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
             raise click.UsageError("--html must not be the transcript")
         refuse_existing(html_file, force)
     build = build_number(build)
+    if transcript:
+        input_file(transcript, "a transcript file", TranscriptError)
+    input_file(model, "a model file", ModelError)
     check_gguf(model)
     request = read_request(request_file) if request_file else None
     records = read_file(transcript, request) if transcript else []
@@ -101,13 +112,14 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
     if workers > 1 and len(records) < 2:
         click.echo("note: one record: --workers does not apply", err=True)
     if transcript and workers > 1 and len(records) > 1:
-        results = _trace_on_workers(transcript, records, request_file, target, model, flags, build, source, workers)
+        results = _trace_on_workers(transcript, records, request_file, target, model, flags, build, source, workers,
+                                    renamed_model)
     elif transcript:
         # records of one JSONL are requests to one server, in order
         with ServerState(flags.get("n_parallel")) as state, progress_bar(len(records), "tracing records") as advance:
             for rec in records:
                 res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
-                                   server_state=state.slot(rec), drafts=drafts)
+                                   server_state=state.slot(rec), drafts=drafts, renamed=renamed_model)
                 results.append((rec, res.lighten()))
                 advance(len(results))
     else:
@@ -145,7 +157,7 @@ def trace(transcript, model, request_file, build, source, prompt, steps_range, a
 
 def _trace_on_workers(transcript: str, records: list[Record], request_file: str | None, target, model: str,
                       flags: dict, build: int | None, source: str | None,
-                      workers: int) -> list[tuple[Record, TraceResult]]:
+                      workers: int, renamed: bool = False) -> list[tuple[Record, TraceResult]]:
     """trace over `workers` processes (scale/local.py), records that share server state kept together
     in order (commands/trace_state.py); the results in file order, the same as one process's."""
     from replay.cli.progress import progress_bar
@@ -162,7 +174,7 @@ def _trace_on_workers(transcript: str, records: list[Record], request_file: str 
     job = Job(read_source(Path(transcript)), str(transcript), read_request(request_file) if request_file else None,
               str(Path(model).resolve()), flags, threads=flags.get("threads") or default_threads(workers),
               libllama=None if loaded_path() is None else str(loaded_path()),
-              trace=TraceOptions(build, str(Path(source).resolve()) if source else None))
+              trace=TraceOptions(build, str(Path(source).resolve()) if source else None, renamed))
     got: dict[int, TraceResult] = {}
     with progress_bar(len(records), "tracing records") as advance:
         def on_event(kind: str, what) -> None:
@@ -230,6 +242,6 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
     described = res.described()
     if described:
-        click.echo("settings: " + "; ".join(f"{k} {v!r} ({src})" for k, v, src in described))
+        click.echo("settings: " + "; ".join(f"{k} {shown(v)} ({src})" for k, v, src in described))
     for note in res.notes:
         click.echo(f"note: {note}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from replay import __version__
-from replay.errors import ServerError, TranscriptError
+from replay.errors import ServerError, TranscriptError, json_error
 from replay.llamacpp.http import get_json, post_json, post_sse
 from replay.transcripts.entries import n_prompt
 from replay.transcripts.format import ENDPOINTS, FORMAT, VERSION, final_response, now_iso
@@ -44,7 +44,7 @@ def parse_request_lines(text: str, default_endpoint: str, source: str) -> Iterat
         try:
             obj = json.loads(line)
         except ValueError as e:
-            yield TranscriptError(f"line {n}: invalid JSON ({e.msg} at column {e.colno})", source=source)
+            yield TranscriptError(f"line {n}: invalid JSON ({json_error(e)})", source=source)
             continue
         try:
             yield make_item(obj, default_endpoint, source, n)

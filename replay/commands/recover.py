@@ -40,9 +40,9 @@ from replay.settings.config import context_size, thread_count
 from replay.settings.sampling import Effective
 from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
+from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
 from replay.transcripts.plan import Gap, Plan, build_plan, entry_at
-from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.readers import Record, fingerprint, read_source, read_text
 from replay.transcripts.request import request_settings
 

@@ -32,6 +32,7 @@ from replay.comparison.divergence import (
     measured_noise,
     possibly_ahead,
 )
+from replay.comparison.identity import ModelFacts, compare_draft, compare_model, mismatch
 from replay.errors import ModelError, TranscriptError, located
 from replay.loop.loop import Emitted, SpeculativeLoop, Step
 from replay.loop.replayable import drafts_with_model
@@ -299,20 +300,37 @@ class Drafts:
         return self._models[path]
 
 
+def _draft(drafts: Drafts, spec: Any, rec: Record, renamed: bool) -> Model:
+    """The draft model: -md, else the transcript's --spec-draft-model (a path on the server's machine, so
+    one line saying to give -md where it is not a file here); -md is compared with the recorded name."""
+    given = spec.sources.get("draft_model") == "command line"
+    if given:
+        wrong = mismatch(compare_draft(rec, Path(spec.draft_model).name, renamed=renamed), "-md")
+        if wrong:
+            raise ModelError(wrong)
+    try:
+        return drafts.get(spec.draft_model)
+    except ModelError as e:
+        if given:
+            raise
+        raise ModelError(f"{e} (the transcript's --spec-draft-model, a path on the server's machine): give the "
+                         "draft model file with -md PATH") from None
+
+
 # --- the two entry points ----------------------------------------------------------------
 
 def trace_record(rec: Record, target: Model, *, flags: dict | None = None, build: int | None = None,
                  source: Path | None = None, server_state: dict | None = None,
-                 drafts: Drafts | None = None) -> TraceResult:
+                 drafts: Drafts | None = None, renamed: bool = False) -> TraceResult:
     """Trace one recorded request with its settings (flags given here win over the transcript's), in
     the loop shape of `source` (a llama.cpp checkout), else of build `build`, else of the transcript's
     build_info. Pass the same `server_state` for consecutive requests to one server. Errors name the record."""
     with located(rec.source, rec.index):
-        return _trace_record(rec, target, flags or {}, (build, source), server_state, drafts or Drafts())
+        return _trace_record(rec, target, flags or {}, (build, source), server_state, drafts or Drafts(), renamed)
 
 
 def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | None, Path | None],
-                  server_state: dict | None, drafts: Drafts) -> TraceResult:
+                  server_state: dict | None, drafts: Drafts, renamed: bool = False) -> TraceResult:
     final = rec.final() or {}
     shape = loop_shape(rec, *given)
     view = server_view(rec, target.path, flags, lambda p: server_tokens(target, p),
@@ -321,7 +339,10 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     _check_ids(prompt, target, "prompt")
     spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
     ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
-    draft_model = drafts.get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
+    wrong = mismatch(compare_model(rec, ModelFacts.of(target), renamed=renamed), "-m")
+    if wrong:
+        raise ModelError(wrong)
+    draft_model = _draft(drafts, spec, rec, renamed) if drafts_with_model(spec, shape.era) else None
     settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace",
                                 rebuilt=view.rebuilt if view else None)
     recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)

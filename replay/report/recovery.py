@@ -133,8 +133,10 @@ class RecoverResult:
 
     def failure_code(self) -> int:
         """The exit code of a failure: 3 (Exit.ERROR) when a record could not be replayed at all, 1
-        (Exit.FAILED) when the replay disagrees with the server."""
-        return Exit.ERROR if any(r.error for r in self.records) else Exit.FAILED
+        (Exit.FAILED) when the replay disagrees with the server (a value, or generated text this model's
+        pieces do not spell: an unaligned token)."""
+        unreplayed = [r for r in self.records if r.error and not any(t.status == "unaligned" for t in r.tokens)]
+        return Exit.ERROR if unreplayed else Exit.FAILED  # text this model does not spell: a disagreement
 
     def failure_detail(self) -> str | None:
         """The longer explanation behind failure() (`-v` and `--json` show it), or None."""

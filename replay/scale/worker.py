@@ -27,6 +27,7 @@ class TraceOptions:
 
     build: int | None = None
     source: str | None = None
+    renamed: bool = False  # --renamed-model (comparison/identity.py)
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class Evaluator:
                 rec = self.records[k]
                 res = trace_record(rec, self.target, flags=self.flags, build=opts.build,
                                    source=opts.source and Path(opts.source), server_state=state.slot(rec),
-                                   drafts=self.drafts)
+                                   drafts=self.drafts, renamed=opts.renamed)
                 emit("done", Traced(k, res.lighten()))
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from replay.errors import OutputExistsError, SpecReplayError, TranscriptError
+from replay.errors import OutputExistsError, SpecReplayError, TranscriptError, json_error
 
 
 def refuse_existing(path: Path | str, force: bool) -> None:
@@ -78,7 +78,7 @@ def read_request(path: Path | str) -> dict:
     try:
         obj = json.loads(text)
     except ValueError as e:
-        raise TranscriptError(f"invalid JSON ({e})", source=str(path)) from e
+        raise TranscriptError(f"invalid JSON ({json_error(e)})", source=str(path)) from e
     if not isinstance(obj, dict):
         raise TranscriptError("the request must be a JSON object", source=str(path))
     return obj

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from replay.errors import TranscriptError
+from replay.errors import TranscriptError, json_error
 from replay.settings import check_props, recorded_flags
 from replay.transcripts.format import CHAT, CMPL, FORMAT, NATIVE, VERSION
 
@@ -173,7 +173,7 @@ def _reject_constant(name: str):
 
 
 def _why(e: ValueError) -> str:
-    return f"{e.msg} at line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+    return json_error(e)
 
 
 def parse_sse_text(text: str, source: str) -> list[Any]:

@@ -1,0 +1,124 @@
+"""Any llama-server command line is taken (settings/server_flags.py): every flag b11434's server has is
+accepted by recover, diff and trace, and is used (a settings row), ignored with a note on stderr (it
+changes nothing the command computes), or refused in one line that names it. The quick tier checks the
+table against the commands; the `build` test walks the built server's own --help."""
+from __future__ import annotations
+
+import re
+import subprocess
+
+import click
+import pytest
+from cli_helpers import one_error, run
+
+from replay.cli import main
+from replay.llamacpp.models import tiny_target
+from replay.paths import FIXTURES
+from replay.settings import BY_FLAG
+from replay.settings.server_flags import BY_NAME, SERVER_FLAGS, judge
+from replay.settings.table import UNREPLAYED_BY_FLAG
+
+T = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+
+
+def _accepted(command: str, argv: list[str]) -> None:
+    """Parse `argv` as the command would (no run): raises click.UsageError on an unknown option."""
+    cmd = main.commands[command]
+    parent = main.make_context("spec-replay", [command], resilient_parsing=True)  # the group's context settings
+    cmd.make_context(command, [str(T), "-m", str(tiny_target()), *argv, *(["-o", "x.json"] if command == "recover" else [])],
+                     parent=parent)
+
+
+OURS = ("-h", "--help")  # every command's own help
+
+
+def _sample(name: str) -> list[str]:
+    f = BY_NAME.get(name)
+    if f is None:  # a settings row the command takes itself
+        s = BY_FLAG[name]
+        return [name] if s.kind == "flag" else [name, "1" if s.kind in ("int", "float") else "x"]
+    return [name, "1"] if f.value else [name]
+
+
+@pytest.mark.parametrize("command", ["recover", "diff", "trace"])
+def test_every_flag_of_the_table_parses_on_every_command(command):
+    for f in SERVER_FLAGS:
+        for name in (n for n in f.names if n not in OURS):
+            try:
+                _accepted(command, _sample(name))
+            except click.UsageError as e:
+                if "No such option" in e.format_message():
+                    raise AssertionError(f"{command} does not take {name}: {e.format_message()}") from None
+
+
+def test_the_refusals_recorded_transcripts_get_are_the_command_lines_too():
+    """settings/table.py UNREPLAYED_FLAGS judges recorded flags; a flag given on our command line is
+    judged alike: refused by recover exactly where recover cannot reproduce it."""
+    for name, u in UNREPLAYED_BY_FLAG.items():
+        value = True if not BY_NAME[name].value else "7"
+        assert (judge(name, value, "recover")[0] == "refused") == (not u.recover_ok), name
+        assert judge(name, value, "trace")[0] == "refused", name
+
+
+def test_an_ignored_flag_is_said_on_stderr_and_changes_nothing(tmp_path):
+    plain = run("diff", T, "-m", tiny_target(), "--json")
+    r = run("diff", T, "-m", tiny_target(), "--json", "--port", "8081", "--host", "0.0.0.0", "--metrics",
+            "-md", "whatever.gguf", "--spec-type", "draft-simple", "--log-colors", "off", "-kvo")
+    assert r.exit_code == 0, r.output
+    assert plain.stdout == r.stdout
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    assert "note: --port 8081: ignored (HTTP server setting)" in notes
+    assert "note: -kvo: ignored (the server's default)" in notes
+    assert any(line.startswith("note: --spec-draft-model whatever.gguf: ignored (recover needs only the target's values") for line in notes)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--lora", "a.gguf"], "--lora a.gguf: applies a LoRA adapter"),
+    (["--rope-freq-base", "50000"], "--rope-freq-base 50000:"),
+    (["--context-shift"], "--context-shift: shifts the KV cache"),
+    (["-hf", "ggml-org/gemma-3-270m-GGUF"], "give the model file itself (-m)"),
+    (["--chat-template", "chatml"], "chat prompts are rebuilt with the template the transcript recorded"),
+])
+def test_a_flag_whose_effect_is_not_replayed_is_refused_by_name(argv, expected):
+    r = run("diff", T, "-m", tiny_target(), *argv)
+    assert r.exit_code == 3
+    assert expected in one_error(r)
+
+
+def test_trace_refuses_what_changes_the_loop_and_recover_takes_it():
+    """--spec-synth-len (copied from a benchmarking server's command line) accepts drafts at random:
+    trace cannot reproduce the loop, recover needs only the target's values."""
+    r = run("trace", T, "-m", tiny_target(), "--spec-synth-len", "4")
+    assert r.exit_code == 3 and "--spec-synth-len 4: accepts drafts at random" in one_error(r)
+    assert "not replayed by trace" in one_error(r)
+    r = run("diff", T, "-m", tiny_target(), "--spec-synth-len", "4")
+    assert r.exit_code == 0 and "note: --spec-synth-len 4: ignored" in r.stderr
+
+
+def _help_names(text: str) -> set[str]:
+    """Every option name of `llama-server --help`: the names that open an option line."""
+    names = set()
+    for line in text.splitlines():
+        m = re.match(r"^((?:-{1,2}[A-Za-z0-9][\w.-]*(?:,\s*)?)+)", line)
+        if m:
+            names |= {n.strip() for n in m.group(1).split(",") if n.strip()}
+    return names
+
+
+@pytest.mark.build
+def test_every_option_of_the_built_servers_help_is_taken(b11434):
+    """b11434's own list: every name `llama-server --help` prints is a settings row or an entry of
+    settings/server_flags.py, and parses on recover, diff and trace."""
+    text = subprocess.run([str(b11434.server), "--help"], capture_output=True, text=True, timeout=60).stdout
+    names = _help_names(text)
+    assert len(names) > 300, len(names)
+    missing = sorted(n for n in names if n not in BY_NAME and n not in BY_FLAG)
+    assert not missing, missing
+    stale = sorted(n for n in BY_NAME if n not in names)
+    assert not stale, stale
+    for command in ("recover", "diff", "trace"):
+        for name in sorted(names - set(OURS)):
+            try:
+                _accepted(command, _sample(name))
+            except click.UsageError as e:
+                assert "No such option" not in e.format_message(), (command, name, e.format_message())

@@ -1,7 +1,11 @@
 """spec-replay: tell the truth about llama.cpp's speculative decoding.
 
     import replay
-    res = replay.recover("run.json", model="target.gguf")   # see replay.commands.recover
+    res = replay.recover("run.json", model="target.gguf", flags={"--ctx-size": 4096})   # commands/recover.py
+    steps = replay.trace("run.json", model="target.gguf", flags={"-md": "draft.gguf"})  # commands/trace.py
+
+Server flags are spelled as llama-server spells them (settings/server_flags.py); reports are described
+field by field in docs/report-format.md.
 """
 __version__ = "0.1.0"
 
@@ -10,4 +14,7 @@ def __getattr__(name):  # lazy: importing the package must not load libllama
     if name == "recover":
         from replay.commands.recover import recover
         return recover
+    if name == "trace":
+        from replay.commands.trace import trace
+        return trace
     raise AttributeError(name)

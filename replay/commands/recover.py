@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -30,13 +31,14 @@ from replay.evaluation.walk import PieceIndex, Truth, truths
 from replay.report.recovery import RecordReport, RecoverResult
 from replay.report.repair import Outcome, repair_record, serialise
 from replay.runtime.backend import kernels_differ, replay_backend, server_backend
-from replay.runtime.binding import loaded_path
+from replay.runtime.binding import library_in_use
 from replay.runtime.llama import Context, Model, model_params
 from replay.schedule.memory import SlotMemory, checkpoint_rules, min_step_given, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
 from replay.settings import BY_ATTR, ContextConfig, kv_layout, resolve
 from replay.settings.config import context_size, thread_count
+from replay.settings.server_flags import from_mapping
 from replay.settings.sampling import Effective
 from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
@@ -273,9 +275,13 @@ class Recoverer:
             tokens=tokens, error=error, notes=notes, prompt_tokens=len(read.prompt),
             reused_prompt_tokens=run.prefix.keep, prefix=run.prefix.how, prefix_note=run.prefix.note,
             settings=read.settings.describe(), slots=read.slots, shape=read.shape, replay_backend=self.backend.name,
-            libllama=None if loaded_path() is None else str(loaded_path()), server_backend=read.server_backend,
+            libllama=library_in_use(), server_backend=read.server_backend,
             kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause, weighted_diff=weighted,
-            first_diff=apart.first, identity=[c.to_json() for c in read.identity],
+            first_diff=apart.first, bound=self.options.batch_bound,
+            judged_by=None if not batched else "option" if (
+                read.shared == "--shared-batches" or (self.options.server_backend is not None and
+                                                       server_backend(self._server_flags(rec), None) == "CPU")
+            ) else "evidence", identity=[c.to_json() for c in read.identity],
             model_file=self.model.path.name,
             batched=batched, schedule=run.schedule)
         return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
@@ -370,15 +376,20 @@ def recover(source: str | Path | dict | list, model: Model | str | Path, *, requ
     """Recover true probabilities for every record of a transcript.
 
     `source` is a path, or an already-parsed object (a transcript, a {"request", "response"}
-    pair, or a bare response with `request`). `flags` are llama-server flags by settings attr
-    (e.g. {"n_ctx": 4096}). Returns the per-token report and the repaired text in the source's
-    own shape (empty when a record could not be recovered).
+    pair, or a bare response with `request`). `flags` are the server's flags as llama-server spells
+    them ({"--ctx-size": 4096, "-fa": "on"}; settings attrs like "n_ctx" too): a flag that changes
+    nothing recover computes is set aside with a warning, one it cannot reproduce or llama-server
+    does not have raises SettingsError (settings/server_flags.py). Returns the per-token report and
+    the repaired text in the source's own shape (empty when a record could not be recovered).
 
         >>> from replay.paths import FIXTURES
         >>> res = recover(FIXTURES / "transcripts" / "tiny-draft-simple.json", model=FIXTURES / "tiny-target.gguf")
         >>> res.records[0].summary()["counts"]
         {'ok': 1, 'placeholder': 19, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
     """
+    flags, notes = from_mapping(flags, "recover")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
     if isinstance(source, (dict, list)):
         original = json.dumps(source)
         records = read_text(original, "<object>", request)

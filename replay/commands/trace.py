@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from replay.comparison.identity import ModelFacts, compare_draft, compare_model,
 from replay.errors import ModelError, TranscriptError, located
 from replay.loop.loop import Emitted, SpeculativeLoop, Step
 from replay.loop.replayable import drafts_with_model
-from replay.runtime.binding import loaded_path
+from replay.runtime.binding import library_in_use, loaded_path
 from replay.runtime.gguf import check_gguf
 from replay.runtime.llama import Model
 from replay.schedule.memory import min_step_given, schedule_of
@@ -103,7 +103,7 @@ class TraceResult:
             [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
             "divergence": None if self.explanation is None else self.explanation.to_json(),
             "notes": self.notes,
-            "libllama": None if loaded_path() is None else str(loaded_path()),
+            "libllama": library_in_use(),
             "loop_shape": None if self.shape is None else {
                 "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
                 "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
@@ -416,3 +416,37 @@ def _check_ids(ids: Sequence[int], target: Model, what: str) -> None:
     if bad is not None:
         raise ModelError(f"{what} token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
                          "tokens): the transcript comes from another model")
+
+
+def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Mapping[str, Any] | None = None,
+          request: dict | None = None, build: int | None = None, source: Path | None = None,
+          renamed: bool = False) -> list[TraceResult]:
+    """Trace every record of a transcript (a path, or an already-parsed object), in order, as requests to
+    one server. `flags` are the server's flags as llama-server spells them ({"-md": "draft.gguf",
+    "--spec-type": "draft-simple", "--spec-draft-n-max": 8}; settings attrs too): set aside with a warning
+    where they change nothing trace computes, SettingsError where trace cannot reproduce them or
+    llama-server has no such flag (settings/server_flags.py). Computes with the libllama loaded in this
+    process (runtime/binding.py).
+
+        >>> from replay.paths import FIXTURES
+        >>> [r.reproduced for r in trace(FIXTURES / "transcripts" / "tiny-draft-simple.json", FIXTURES / "tiny-target.gguf",
+        ...                              flags={"-md": FIXTURES / "tiny-draft.gguf"})]
+        [True]
+    """
+    import json
+    import warnings
+
+    from replay.commands.trace_state import ServerState
+    from replay.runtime.llama import model_params
+    from replay.settings.server_flags import from_mapping
+    from replay.transcripts.readers import read_file, read_text
+    attrs, notes = from_mapping({k: str(v) if isinstance(v, Path) else v for k, v in (flags or {}).items()}, "trace")
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    records = read_text(json.dumps(transcript), "<object>", request) if isinstance(transcript, (dict, list)) \
+        else read_file(transcript, request)
+    target = Model(check_gguf(model), **model_params(attrs))
+    drafts = Drafts(model_params(attrs))
+    with ServerState(attrs.get("n_parallel")) as state:
+        return [trace_record(rec, target, flags=attrs, build=build, source=source, server_state=state.slot(rec),
+                             drafts=drafts, renamed=renamed) for rec in records]

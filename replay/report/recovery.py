@@ -46,6 +46,8 @@ class RecordReport:
     weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values
     first_diff: float | None = None  # the same of the first real entry alone (comparison/values.py Disagreement)
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
+    bound: float = BATCH_BOUND  # the bound it was judged within (RecoverOptions.batch_bound)
+    judged_by: str | None = None  # "evidence" (the transcript shows the cause) or "option" (--shared-batches, --server-backend)
     schedule: dict | None = None  # schedule/memory.py schedule_of: the prompt batches and checkpoints replayed
     identity: list[dict] = field(default_factory=list)
     model_file: str | None = None  # the -m file's name  # comparison/identity.py: the model evidence compared with -m
@@ -86,7 +88,10 @@ class RecordReport:
                           "weighted_diff_first_entry": self.first_diff,
                           "cause": ("batch composition" if self.kernels is None else
                                     "kernels" if self.slots == 1 else "batch composition and kernels")
-                          if self.batched else None},
+                          if self.batched else None,
+                          "why": self.cause if self.batched else None,
+                          "judged_by": self.judged_by if self.batched else None,
+                          "bound": self.bound if self.batched else None},
              "model": {"file": self.model_file, "compared": self.identity},
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:

@@ -271,6 +271,12 @@ def loaded_path() -> Path | None:
     return _loaded_path
 
 
+def library_in_use() -> str:
+    """The path of the libllama file in use, llama-cpp-python's own included (reports name it)."""
+    path = loaded_path()
+    return str(path) if path is not None else str(bundled_dir() / "libllama.so")
+
+
 def load() -> types.ModuleType:
     """Import llama_cpp over the chosen libllama (SPEC_REPLAY_LIBLLAMA, else the binding's own), with
     the chosen CPU variant (SPEC_REPLAY_CPU_VARIANT, else the best that runs here), once the library

@@ -16,7 +16,7 @@ built server's own --help and checks that every name is here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from replay.settings.table import BY_FLAG, CHAT_TEMPLATE_FLAGS
 
@@ -867,3 +867,42 @@ def _inert(f: ServerFlag, name: str, value: Any) -> bool:
     if value is True:  # a flag without a value: its on/off state
         return (not turns_off(name)) in f.inert
     return value in f.inert or str(value) in map(str, f.inert)
+
+
+def from_mapping(flags: Mapping[str, Any] | None, command: str) -> tuple[dict[str, Any], list[str]]:
+    """The Python API's server flags: ({settings attr: value}, the words on flags set aside). Keys are
+    spelled as llama-server spells its flags ("--ctx-size", "-c", "--spec-type"), or as the settings
+    table's attrs ("n_ctx"); a flag without a value is True. A flag the command cannot reproduce, or a
+    name llama-server does not have, raises SettingsError naming it.
+
+    >>> from_mapping({"-c": "4096", "--temp": 0.7, "--port": 8080}, "recover")
+    ({'n_ctx': 4096, 'temp': 0.7}, ['--port 8080: ignored (HTTP server setting)'])
+    >>> from_mapping({"--ctx-sise": 4096}, "recover")
+    Traceback (most recent call last):
+    ...
+    replay.errors.SettingsError: --ctx-sise: not a flag of llama-server (b11434)
+    """
+    from replay.errors import SettingsError
+    from replay.settings.table import BY_ATTR, rows
+    taken = {s.attr for s in rows("speculative", "context", "sampling")} if command == "trace" else \
+        {s.attr for s in rows("context", "sampling")}
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in (flags or {}).items():
+        setting = BY_FLAG.get(key) or (BY_ATTR.get(key) if not key.startswith("-") else None)
+        if setting is not None:
+            if setting.attr not in taken:
+                notes.append(f"{key} {value}: ignored ({command} does not use it: it needs only the target's values)")
+                continue
+            try:
+                out[setting.attr] = setting.parse(value)
+            except ValueError as e:
+                raise SettingsError(str(e)) from None
+            continue
+        if key not in BY_NAME:
+            raise SettingsError(f"{key}: not a flag of llama-server (b11434)")
+        verdict, line = judge(key, True if value is True else str(value), command)
+        if verdict == "refused":
+            raise SettingsError(line)
+        notes.append(line)
+    return out, notes

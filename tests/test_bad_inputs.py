@@ -1,0 +1,121 @@
+"""Every bad input ends in one clear line with the documented exit code (docs/cli.md: 2 a bad option or
+argument, 3 a file or server that cannot be used, 1 a check that failed), and nothing is lost: the output
+is never an input (`--in-place` says that on purpose). Each case is one a new user met (issue 33)."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from cli_helpers import one_error, run
+
+from replay.llamacpp.models import tiny_draft, tiny_target
+from replay.llamacpp.process import free_port
+from replay.paths import FIXTURES
+
+T = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-inf", "0.1x"])
+@pytest.mark.parametrize("command", ["recover", "diff"])
+def test_a_tolerance_that_is_not_a_finite_number_of_nats_is_refused(command, value, tmp_path):
+    """--tolerance -1 called every value wrong ("0.000 nats disagree"), nan and inf every value right."""
+    extra = ("-o", tmp_path / "o.json") if command == "recover" else ()
+    r = run(command, T, "-m", tiny_target(), "--tolerance", value, *extra)
+    assert r.exit_code == 2
+    assert "--tolerance" in one_error(r) and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_the_output_is_never_the_input_even_with_force(tmp_path):
+    src = tmp_path / "t.json"
+    shutil.copy(T, src)
+    before = src.read_bytes()
+    for args in (("-o", src, "--force"), ("-o", tmp_path / "." / "t.json", "--force")):
+        r = run("recover", src, "-m", tiny_target(), *args)
+        assert r.exit_code == 2 and "is the input" in one_error(r) and "--in-place" in one_error(r)
+    for flag in ("--report", "--html"):
+        r = run("diff", src, "-m", tiny_target(), flag, src, "--force")
+        assert r.exit_code == 2 and f"{flag} {src} is the input" in one_error(r)
+    assert src.read_bytes() == before
+    r = run("recover", src, "-m", tiny_target(), "--in-place")  # on purpose
+    assert r.exit_code == 0 and src.read_bytes() != before
+
+
+@pytest.mark.parametrize("command", ["recover", "diff", "trace"])
+def test_a_directory_is_one_line_with_exit_3_as_a_missing_file_is(command, tmp_path):
+    extra = ("-o", tmp_path / "o.json") if command == "recover" else ()
+    for args, what in (((tmp_path, "-m", tiny_target()), "not a transcript file"),
+                       ((T, "-m", tmp_path), "not a model file"),
+                       ((tmp_path / "missing.json", "-m", tiny_target()), "transcript file not found")):
+        r = run(command, *args, *extra)
+        assert r.exit_code == 3, (args, r.output)
+        assert what in one_error(r) and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_context_too_small_says_once_what_the_whole_record_needs():
+    """-c 8 said "need 9 positions", -c 20 "need 21"; only -c 24 worked (5 prompt tokens, 20 generated,
+    the last never decoded)."""
+    for c in ("8", "20", "23"):
+        r = run("diff", T, "-m", tiny_target(), "-c", c)
+        assert r.exit_code == 3
+        assert f"need 24 positions but the context holds {c}: pass --ctx-size 24 or more" in one_error(r)
+    assert run("diff", T, "-m", tiny_target(), "-c", "24").exit_code == 0
+
+
+def test_check_takes_the_draft_as_the_server_spells_it():
+    """`check URL -md draft.gguf` was parsed as `-m d`."""
+    url = f"http://127.0.0.1:{free_port()}"
+    r = run("check", url, "-md", tiny_draft())
+    assert r.exit_code == 3 and one_error(r).startswith(f"Error: cannot tell: cannot reach {url}/props")
+
+
+def test_check_json_on_an_unreachable_server_is_the_promised_error_object():
+    r = run("check", f"http://127.0.0.1:{free_port()}", "--json")
+    assert r.exit_code == 3
+    err = json.loads(r.stdout)["error"]
+    assert err["exit_code"] == 3 and err["message"].startswith("cannot tell: cannot reach")
+
+
+def test_invalid_json_is_said_once(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"request": {"prompt": "unterminated')
+    r = run("diff", bad, "-m", tiny_target())
+    assert r.exit_code == 3
+    assert "invalid JSON (Unterminated string starting at line 1 column 24)" in one_error(r)
+    assert "at at" not in r.output
+
+
+def test_trace_outside_the_repo_says_to_give_the_draft(tmp_path, monkeypatch):
+    """The README fixture records its draft as fixtures/tiny-draft.gguf, relative to the repository."""
+    monkeypatch.chdir(tmp_path)
+    r = run("trace", T, "-m", tiny_target())
+    assert r.exit_code == 3
+    assert one_error(r).endswith("model file not found: fixtures/tiny-draft.gguf (the transcript's "
+                                 "--spec-draft-model, a path on the server's machine): give the draft model "
+                                 "file with -md PATH")
+
+
+def test_trace_shows_list_settings_as_they_are_typed():
+    r = run("trace", T, "-m", tiny_target(), "-md", tiny_draft())
+    assert r.exit_code == 0
+    line = next(x for x in r.stdout.splitlines() if x.startswith("settings: "))
+    assert "--spec-type draft-simple (server.flags)" in line and "['draft-simple']" not in line
+
+
+def test_an_unaligned_token_exits_1_as_documented(tmp_path):
+    """Generated text this model's pieces do not spell is a disagreement between the transcript and the
+    model (docs/recover.md: exit 1), not a replay that could not run."""
+    t = json.loads(T.read_text())
+    del t["response"]["tokens"]  # ids from token 3 on gone: the text is aligned with the model's pieces
+    for e in t["response"]["completion_probabilities"][3:]:
+        e.pop("id", None)
+    t["response"]["completion_probabilities"][3]["token"] = "\u00e9"
+    t["response"]["completion_probabilities"][3]["bytes"] = list("\u00e9".encode())
+    t["response"]["content"] = "".join(e["token"] for e in t["response"]["completion_probabilities"])
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps(t))
+    r = run("diff", src, "-m", tiny_target(), "--json")
+    rep = json.loads(r.stdout)
+    assert any(tok["status"] == "unaligned" for rec in rep["records"] for tok in rec["tokens"]), rep
+    assert r.exit_code == 1

@@ -207,10 +207,13 @@ def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm
         batched += rep["numerics"]["cause"] == "batch composition"
         compared += rep["compared_with_unspeculated"]
     assert compared >= 16, f"only {compared} filled values could be compared with the unspeculated server"
-    # the batch rule still tells a wrong model file apart: the Q2_K draft passed as the target
+    # a wrong model file is told apart: by the name the transcript carries, and, renamed, by the batch rule
     for k in range(4):
         err = one_error(run("recover", tmp_path / f"concurrent-{k}.json", "-m", smollm2_draft, "-o",
                             tmp_path / f"wrong-{k}.json"))
+        assert f"-m is {smollm2_draft.name}" in err and not (tmp_path / f"wrong-{k}.json").exists(), err
+        err = one_error(run("recover", tmp_path / f"concurrent-{k}.json", "-m", smollm2_draft, "--renamed-model",
+                            "-o", tmp_path / f"wrong-{k}.json"))
         assert "not the server's" in err and not (tmp_path / f"wrong-{k}.json").exists(), err
     traced = _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft)
     for tr in traced:

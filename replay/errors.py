@@ -50,8 +50,10 @@ class Exit(enum.IntEnum):
 EXIT_MEANINGS = {
     Exit.OK: "done: every probability real (check), written (recover), reproduced (trace), verified (patch --verify)",
     Exit.FAILED: "the check failed: placeholders found (check), the replay disagrees with the server's real values "
-                 "(recover, diff: nothing written), not reproduced (trace), a verification failed (patch --verify)",
-    Exit.USAGE: "a bad option or argument (click's usage error)",
+                 "or the transcript's text (recover, diff: nothing written; an unaligned token too), not reproduced "
+                 "(trace), a verification failed (patch --verify)",
+    Exit.USAGE: "a bad option or argument, in one `Error:` line: an unknown option, a value of the wrong kind "
+                "(--tolerance must be a finite number of nats >= 0), an output path that is an input",
     Exit.ERROR: "could not tell or could not run: a file, model, server, build or context problem, said in one "
                 "`Error:` line (as {\"error\": ...} on stdout under --json)",
     Exit.INTERNAL: "a bug in spec-replay: one line naming where; SPEC_REPLAY_RAISE_ERRORS=1 shows the traceback",

@@ -15,6 +15,9 @@ What a b11434 server tells of its model:
     server.flags              --spec-draft-model as `record` was told it (no endpoint shows the draft:
                               the draft path appears in no response, server-context.cpp:1253 logs it only)
 
+The file's GGUF `general.name` is not among them: no b11434 endpoint exposes it (libllama reads it,
+src/llama-model.cpp:1315, and only logs it), so it cannot be compared.
+
 A name that is a path to a GGUF file is compared by its file name; another name (an --alias, an -hf
 repo) is listed as not comparable. File type, size and parameter count are facts a renamed copy keeps,
 so they are compared whatever the names; a file the user renamed on purpose is said with

@@ -194,7 +194,7 @@ def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> No
                    "defaults to the cores shared out); the output is the same bytes as one worker's")
 @click.option("--ray", "ray_address", metavar="ADDRESS",
               help="run the workers as Ray actors on this cluster (an address, or 'auto'); needs "
-                   "pip install 'spec-replay[ray]'. --workers sets how many actors")
+                   "pip install -e '.[ray]' in the checkout. --workers sets how many actors")
 def recover(transcript, model, renamed_model, request_file, report_file, tolerance, no_prefix_reuse, build, source,
             server_backend, shared_batches, as_json, html_file, force,
             verbose, libllama, server_cpu, output, in_place, resume, workers, ray_address, **flags) -> None:

@@ -33,7 +33,7 @@ def _ray():
     try:
         import ray
     except ImportError:
-        raise SpecReplayError("--ray needs Ray: pip install 'spec-replay[ray]'") from None
+        raise SpecReplayError("--ray needs Ray: pip install -e '.[ray]' in the spec-replay checkout") from None
     return ray
 
 

@@ -207,13 +207,19 @@ def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm
         batched += rep["numerics"]["cause"] == "batch composition"
         compared += rep["compared_with_unspeculated"]
     assert compared >= 16, f"only {compared} filled values could be compared with the unspeculated server"
-    # a wrong model file is told apart: by the name the transcript carries, and, renamed, by the batch rule
+    # a wrong model file is told apart: by the name the transcript carries, by its file type when renamed,
+    # and by the batch rule where the transcript names neither
     for k in range(4):
-        err = one_error(run("recover", tmp_path / f"concurrent-{k}.json", "-m", smollm2_draft, "-o",
-                            tmp_path / f"wrong-{k}.json"))
+        src = tmp_path / f"concurrent-{k}.json"
+        err = one_error(run("recover", src, "-m", smollm2_draft, "-o", tmp_path / f"wrong-{k}.json"))
         assert f"-m is {smollm2_draft.name}" in err and not (tmp_path / f"wrong-{k}.json").exists(), err
-        err = one_error(run("recover", tmp_path / f"concurrent-{k}.json", "-m", smollm2_draft, "--renamed-model",
-                            "-o", tmp_path / f"wrong-{k}.json"))
+        err = one_error(run("recover", src, "-m", smollm2_draft, "--renamed-model", "-o", tmp_path / f"wrong-{k}.json"))
+        assert "the server loaded a Q4_1 model (/props model_ftype)" in err, err
+        t = json.loads(src.read_text())
+        del t["server"]["props"]["model_ftype"], t["server"]["models_meta"]
+        unnamed = tmp_path / f"unnamed-{k}.json"
+        unnamed.write_text(json.dumps(t))
+        err = one_error(run("recover", unnamed, "-m", smollm2_draft, "--renamed-model", "-o", tmp_path / f"wrong-{k}.json"))
         assert "not the server's" in err and not (tmp_path / f"wrong-{k}.json").exists(), err
     traced = _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft)
     for tr in traced:

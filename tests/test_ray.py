@@ -109,18 +109,19 @@ def test_a_node_without_the_model_file_gets_it_through_the_object_store(ray_head
     if subprocess.run(unshare + ["true"], capture_output=True).returncode != 0:
         pytest.skip("this kernel gives neither root nor a user namespace here (kernel.unprivileged_userns_clone)")
     model = tiny_target()
-    shipped = Path(tempfile.gettempdir()) / "spec-replay-models" / f"{hashlib.sha256(model.read_bytes()).hexdigest()}.gguf"
+    # kept under its sha256 and its own name (the name the transcript's "model" is compared with)
+    shipped = Path(tempfile.gettempdir()) / "spec-replay-models" / hashlib.sha256(model.read_bytes()).hexdigest() / model.name
     shipped.unlink(missing_ok=True)
     mnt, out = tmp_path / "private", tmp_path / "out.jsonl"
     mnt.mkdir()
-    recover_cmd = " ".join(map(str, cli_command("recover", tiny_evals, "-m", mnt / "target.gguf", "-o", out,
+    recover_cmd = " ".join(map(str, cli_command("recover", tiny_evals, "-m", mnt / model.name, "-o", out,
                                                 "--ray", ray_head, "--workers", "2")))
     r = subprocess.run(unshare + ["sh", "-c",
-                        f"mount -t tmpfs none {mnt} && cp {model} {mnt}/target.gguf && exec {recover_cmd}"],
+                        f"mount -t tmpfs none {mnt} && cp {model} {mnt}/{model.name} && exec {recover_cmd}"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert not list(mnt.iterdir()), "the tmpfs leaked out of the driver's namespace: the test proves nothing"
-    assert shipped.read_bytes() == model.read_bytes()  # what the actors loaded, kept under its sha256
+    assert shipped.read_bytes() == model.read_bytes()  # what the actors loaded
     assert out.read_bytes() == tiny_evals_one_worker
 
 

@@ -38,8 +38,8 @@ from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
 from replay.settings import BY_ATTR, ContextConfig, kv_layout, resolve
 from replay.settings.config import context_size, thread_count
-from replay.settings.server_flags import from_mapping
 from replay.settings.sampling import Effective
+from replay.settings.server_flags import from_mapping
 from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
 from replay.transcripts.concurrency import shared_evidence

@@ -149,7 +149,9 @@ class RecoverResult:
         return None if f is None else f[1]
 
     def _failure(self) -> tuple[str, str] | None:
-        lenient = [r for r in self.records if r.batched]
+        # where something let numerics explain a disagreement (evidence or an option), the transcript's first
+        # entries are judged together: a model every one of them is far from is not the server's
+        lenient = [r for r in self.records if r.cause is not None]
         wrong = wrong_everywhere([r.first_diff for r in self.records if r.first_diff is not None]) if lenient else None
         if wrong:
             return wrong, (f"{wrong}; its real values were judged against {lenient[0].cause}, which moves a first "
@@ -177,7 +179,8 @@ class RecoverResult:
                     "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
                     "decoded these requests together with others (several slots serving at once), with "
                     "--shared-batches")
-        if r.cpu and r.cpu.get("how") == "given":
+        beyond = r.weighted_diff is not None and r.weighted_diff > r.bound  # farther than any numerics go
+        if r.cpu and r.cpu.get("how") == "given" and not beyond:
             short = f"--server-cpu {r.cpu['variant']} is not the server's kernels (leave it out to find them)"
             why = (f"the {r.cpu['variant']} CPU kernels given with --server-cpu are not the server's: without it the "
                    "kernels are found from the transcript's first entry")
@@ -186,11 +189,12 @@ class RecoverResult:
             short += f"; record {r.cpu['record'] + 1} matched other kernels: recover this one separately"
             why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
                     "may come from another machine (recover it separately)")
-        if r.prefix == "server cache":
+        # beyond what numerics explain, no cache or tolerance hint would make it right: the model line stands
+        if not beyond and r.prefix == "server cache":
             short = "its values depend on the server's prompt cache: keep the file in request order, one slot"
             why = (f"this record's values depend on the server's prompt cache ({r.reused_prompt_tokens} tokens), "
                    "rebuilt from the previous record: keep the file in request order, one server slot")
-        elif r.prefix == "server cache (rebuilt)":
+        elif not beyond and r.prefix == "server cache (rebuilt)":
             short = ((r.prefix_note or "part of its prompt came from a server cache this file does not show")
                      + "; --tolerance 0.3 accepts it")
             why = ((r.prefix_note or "the server took part of this prompt from a cache this file does not show")

@@ -10,7 +10,7 @@ RETRIES times. The driver writes the output and journal (ordered.py), as with lo
 Where things come from on the cluster: our package is shipped to the workers (runtime_env
 py_modules); llama-cpp-python must be installed there. The model file is used at its path when a node
 has it there, else shipped once through the object store and kept in the node's temp directory
-under its sha256. A chosen build's own libllama (runtime/binding.py) must exist at the same path.
+under its sha256 and file name. A chosen build's own libllama (runtime/binding.py) must exist at the same path.
 """
 from __future__ import annotations
 
@@ -62,10 +62,11 @@ class RayEvaluator:
         return os.path.isfile(path) and os.path.getsize(path) == size
 
     def receive_model(self, data: bytes, sha: str) -> str:
-        """Keep a shipped model file in this node's temp directory; returns its path here."""
-        d = Path(tempfile.gettempdir()) / "spec-replay-models"
+        """Keep a shipped model file in this node's temp directory, under its sha256 and its own file name
+        (the name the transcript's is compared with: comparison/identity.py); returns its path here."""
+        d = Path(tempfile.gettempdir()) / "spec-replay-models" / sha
         d.mkdir(parents=True, exist_ok=True)
-        p = d / f"{sha}.gguf"
+        p = d / Path(self.job.model).name
         if not p.is_file():
             tmp = p.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(data)

@@ -27,6 +27,7 @@ from replay.cli.render import shown
 from replay.commands.trace import TraceResult
 from replay.errors import ModelError, TranscriptError
 from replay.report import schema as report_json
+from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.readers import Record
 
 
@@ -117,9 +118,11 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     elif transcript:
         # records of one JSONL are requests to one server, in order
         with ServerState(flags.get("n_parallel")) as state, progress_bar(len(records), "tracing records") as advance:
+            shared = shared_evidence(records, flags.get("n_parallel"), False)
             for rec in records:
                 res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
-                                   server_state=state.slot(rec), drafts=drafts, renamed=renamed_model)
+                                   server_state=state.slot(rec), drafts=drafts, renamed=renamed_model,
+                                   shared=shared.get(rec.index))
                 results.append((rec, res.lighten()))
                 advance(len(results))
     else:
@@ -240,6 +243,8 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
                 click.echo(f"  divergence: {res.explanation.text}")
         else:
             click.echo("tokens reproduced, but the draft totals differ from the server's timings")
+            if res.explanation is not None:
+                click.echo(f"  why: {res.explanation.text}")
     described = res.described()
     if described:
         click.echo("settings: " + "; ".join(f"{k} {shown(v)} ({src})" for k, v, src in described))

@@ -46,6 +46,7 @@ from replay.settings.config import context_size, thread_count
 from replay.settings.sampling import Effective, effective, server_sampling
 from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
+from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.entries import SentEntry, n_prompt_cached, record_entries
 from replay.transcripts.plan import Known, Plan, build_plan
 from replay.transcripts.readers import Record, fingerprint
@@ -321,16 +322,21 @@ def _draft(drafts: Drafts, spec: Any, rec: Record, renamed: bool) -> Model:
 
 def trace_record(rec: Record, target: Model, *, flags: dict | None = None, build: int | None = None,
                  source: Path | None = None, server_state: dict | None = None,
-                 drafts: Drafts | None = None, renamed: bool = False) -> TraceResult:
+                 drafts: Drafts | None = None, renamed: bool = False, shared: str | None = None) -> TraceResult:
     """Trace one recorded request with its settings (flags given here win over the transcript's), in
     the loop shape of `source` (a llama.cpp checkout), else of build `build`, else of the transcript's
-    build_info. Pass the same `server_state` for consecutive requests to one server. Errors name the record."""
+    build_info. Pass the same `server_state` for consecutive requests to one server, and `shared`, the
+    evidence that the record's batches were shared with other requests' (transcripts/concurrency.py
+    shared_evidence: it ran beside another record), where there is any beyond the record itself. Errors
+    name the record."""
     with located(rec.source, rec.index):
-        return _trace_record(rec, target, flags or {}, (build, source), server_state, drafts or Drafts(), renamed)
+        return _trace_record(rec, target, flags or {}, (build, source), server_state, drafts or Drafts(), renamed,
+                             shared)
 
 
 def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | None, Path | None],
-                  server_state: dict | None, drafts: Drafts, renamed: bool = False) -> TraceResult:
+                  server_state: dict | None, drafts: Drafts, renamed: bool = False,
+                  shared: str | None = None) -> TraceResult:
     final = rec.final() or {}
     shape = loop_shape(rec, *given)
     view = server_view(rec, target.path, flags, lambda p: server_tokens(target, p),
@@ -361,8 +367,25 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
         res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
     elif res.reproduced is False:
-        res.notes.append(drafts_differ(res, draft_model is not None))
+        shared = shared or rec.several_slots(flags.get("n_parallel"))
+        if draft_model is not None and shared:
+            res.explanation = drafts_shared(res, shared)
+        else:
+            res.notes.append(drafts_differ(res, draft_model is not None))
     return res
+
+
+def drafts_shared(res: TraceResult, evidence: str) -> Explanation:
+    """Every token matches, the draft totals do not, and the draft model's batches may have held other
+    requests' tokens: numerics. b11434 drafts every drafting slot in one batch on the one draft context
+    (common/speculative.cpp:383-386 the first tokens of all slots, 446-453 each next token), so a shared
+    batch moves the draft model's values, and with them its argmax at a near-tie and the --draft-p-min
+    cut (speculative.cpp:420-425) that ends a draft; sample-and-match still emits the target's tokens."""
+    return Explanation("numerics", (
+        f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, accepted "
+        f"{res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted}): the server "
+        f"drafts all its busy slots in one batch of the draft model, and this record's batches may have been shared "
+        f"({evidence}), which moves the draft model's values at a near-tie or at the --draft-p-min cut"))
 
 
 def drafts_differ(res: TraceResult, draft_model: bool) -> str:
@@ -447,6 +470,7 @@ def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Map
         else read_file(transcript, request)
     target = Model(check_gguf(model), **model_params(attrs))
     drafts = Drafts(model_params(attrs))
+    shared = shared_evidence(records, attrs.get("n_parallel"), False)
     with ServerState(attrs.get("n_parallel")) as state:
         return [trace_record(rec, target, flags=attrs, build=build, source=source, server_state=state.slot(rec),
-                             drafts=drafts, renamed=renamed) for rec in records]
+                             drafts=drafts, renamed=renamed, shared=shared.get(rec.index)) for rec in records]

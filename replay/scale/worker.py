@@ -111,14 +111,16 @@ class Evaluator:
     def _trace(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
         from replay.commands.trace import trace_record
         from replay.commands.trace_state import ServerState
+        from replay.transcripts.concurrency import shared_evidence
         opts = self.job.trace
+        shared = shared_evidence(self.records, self.flags.get("n_parallel"), False)
         with ServerState(self.flags.get("n_parallel")) as state:  # a unit shares nothing with any other
             for k in unit.records:
                 emit("start", k)
                 rec = self.records[k]
                 res = trace_record(rec, self.target, flags=self.flags, build=opts.build,
                                    source=opts.source and Path(opts.source), server_state=state.slot(rec),
-                                   drafts=self.drafts, renamed=opts.renamed)
+                                   drafts=self.drafts, renamed=opts.renamed, shared=shared.get(rec.index))
                 emit("done", Traced(k, res.lighten()))
 
     def close(self) -> None:

@@ -7,7 +7,7 @@
 Server flags are spelled as llama-server spells them (settings/server_flags.py); reports are described
 field by field in docs/report-format.md.
 """
-__version__ = "0.1.0"
+from replay.version import __version__  # noqa: F401  (the bottom layer holds it)
 
 
 def __getattr__(name):  # lazy: importing the package must not load libllama

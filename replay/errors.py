@@ -4,8 +4,8 @@
     ├── BuildError             fetching or building llama.cpp failed
     │   └── PatchError         a tree cannot be patched (not llama.cpp, or code we do not know)
     ├── BindingError           a libllama cannot be loaded under llama-cpp-python's binding
-    ├── DecodeError            llama_decode failed (the context too small, most often)
-    ├── ModelError             a GGUF is missing, corrupt, or not the transcript's model
+    ├── DecodeError            llama_decode failed (no KV slot for a batch, an invalid batch)
+    ├── ModelError             a GGUF is missing, corrupt, not the transcript's model, or its context too small
     ├── SettingsError          a llama-server flag the command cannot reproduce (settings/server_flags.py)
     ├── ServerError            a llama-server is unreachable, not llama.cpp, or answered an error
     ├── TranscriptError        a request/transcript file cannot be read or replayed

@@ -193,13 +193,14 @@ def compile_cpp(tmp_path_factory):
     import shutil
     import subprocess
 
-    def compile_(name: str, source: str) -> Path:
+    def compile_(name: str, source: str, include: tuple[Path, ...] = ()) -> Path:
         gxx = shutil.which("g++")
         if gxx is None:
             pytest.fail("g++ is needed to check the emulation against libstdc++ (scripts/setup installs it)")
         d = tmp_path_factory.mktemp(name)
         (d / f"{name}.cpp").write_text(source)
-        subprocess.run([gxx, "-O1", "-o", str(d / name), str(d / f"{name}.cpp")], check=True)
+        subprocess.run([gxx, "-O1", *[f"-I{i}" for i in include], "-o", str(d / name), str(d / f"{name}.cpp")],
+                       check=True)
         return d / name
     return compile_
 

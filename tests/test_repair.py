@@ -10,7 +10,8 @@ import json
 
 from replay.comparison.values import TokenReport
 from replay.evaluation.walk import Truth
-from replay.report.repair import Outcome, f32, repair_record, serialise
+from replay.numerics.floats import widened as f32
+from replay.report.repair import Outcome, repair_record, serialise
 from replay.transcripts.plan import EntryPlace, Known
 from replay.transcripts.readers import read_text
 
@@ -88,3 +89,22 @@ def test_serialise_keeps_the_files_shape():
     two = json.dumps(pair) + "\n" + json.dumps(pair) + "\n"
     recs = read_text(two, "t.jsonl")
     assert serialise(recs, [pair, pair], two).count("\n") == 2
+
+
+def test_an_entrys_text_is_what_the_server_writes_for_its_piece():
+    """The server cuts a piece to its whole characters (validate_utf8) and writes any invalid byte left as
+    U+FFFD (nlohmann's dump): b"a\\xff" is "a\\ufffd" and a cut-off "é" is "" (test_stop_strings.py checks
+    the rule against the server's own code)."""
+    pieces = {1: b"a\xff", 2: "é".encode()[:1], 3: b"c"}
+    pair = {"request": {"prompt": "x"}, "response": {"content": "?", "tokens": [1, 2],
+                                                      "completion_probabilities": [
+                                                          {"id": 1, "token": "a\ufffd", "bytes": [97, 255],
+                                                           "logprob": 0.0, "top_logprobs": []}]}}
+    rec = read_text(json.dumps(pair), "t.json")[0]
+    out = repair_record(rec, [outcome(1, EntryPlace(None, 0, 0), "placeholder", -0.5),
+                              outcome(2, EntryPlace(None, None, 1), "missing", -0.2)],
+                        post=False, piece=pieces.__getitem__)
+    entries = out["response"]["completion_probabilities"]
+    assert [e["token"] for e in entries] == ["a\ufffd", ""]
+    assert [e["bytes"] for e in entries] == [[97, 255], [0xC3]]
+    assert entries[0]["top_logprobs"][0]["token"] == "a\ufffd" and entries[0]["top_logprobs"][1]["token"] == "c"

@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from replay.errors import TranscriptError
+
 NEWEST_VERIFIED = 11434  # the newest build proven token-exact (README build matrix)
 BUILD_0C1E570 = 11311  # llama-cpp-python 0.3.36's vendored tree: its speculative files equal b11311's
 
@@ -107,6 +109,11 @@ class Shape:
     def describe(self) -> str:
         return f"{self.era.describe()}; {self.why}" + (f" (warning: {self.warning})" if self.warning else "")
 
+    def to_json(self) -> dict:
+        """The loop_shape object of recover's and trace's JSON reports (docs/report-format.md)."""
+        return {"era": self.era.key, "builds": self.era.span, "title": self.era.title, "build": self.build,
+                "why": self.why, "warning": self.warning}
+
 
 def era_of_build(build: int) -> Era:
     """The era of an upstream build number. Builds between two eras' index builds (never on the
@@ -137,7 +144,15 @@ def build_of(build_info: str | None) -> int | None:
 
 def shape_for(*, build: int | None = None, build_info: str | None = None, source: Path | None = None) -> Shape:
     """The loop shape: from a checkout (`source`), else an explicit build number (`build`, --build), else
-    the transcript's build_info; unknown builds get the newest shape with a warning."""
+    the transcript's build_info; unknown builds get the newest shape with a warning. A build older than
+    every known shape, or a checkout of no known shape, is a TranscriptError: the run cannot be replayed."""
+    try:
+        return _shape_for(build, build_info, source)
+    except ValueError as e:
+        raise TranscriptError(str(e)) from None
+
+
+def _shape_for(build: int | None, build_info: str | None, source: Path | None) -> Shape:
     if source is not None:
         era, why = shape_of_source(source)
         return Shape(era, None, why)

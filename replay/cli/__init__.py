@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from replay import __version__
+from replay.version import __version__
 from replay.errors import Exit, SpecReplayError
 
 

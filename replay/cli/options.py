@@ -169,8 +169,7 @@ def choose_libllama(explicit: str | None, source, build: int | None, records=(),
     the build's own could be built; with `quiet` (--json, whose output carries it) only warnings."""
     from replay.llamacpp.libllama import libllama_for
     from replay.runtime.binding import loaded_path, use_libllama
-    from replay.transcripts.readers import fingerprint
-    infos = [r.build_info or fingerprint(r) for r in records]
+    infos = [r.server_build for r in records]
     choice = libllama_for(explicit=explicit, source=source and Path(source), build=build, build_infos=infos)
     if not use_libllama(choice, strict=bool(explicit)):  # in-process reuse (tests, notebooks): keep what is loaded
         if not quiet:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from replay import __version__
+from replay.version import __version__
 from replay.errors import ServerError, TranscriptError, json_error
 from replay.llamacpp.http import get_json, post_json, post_sse
 from replay.transcripts.entries import n_prompt

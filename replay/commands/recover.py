@@ -45,7 +45,7 @@ from replay.tokens.server_view import server_view
 from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
 from replay.transcripts.plan import Gap, Plan, build_plan, entry_at
-from replay.transcripts.readers import Record, fingerprint, read_source, read_text
+from replay.transcripts.readers import Record, read_source, read_text
 from replay.transcripts.request import request_settings
 
 
@@ -294,11 +294,7 @@ class Recoverer:
                            self.model.chat_template())
         settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta,
                                     rebuilt=view.rebuilt if view else None)
-        try:
-            shape = shape_for(build=self.options.build, source=self.options.source,
-                              build_info=rec.build_info or fingerprint(rec))
-        except ValueError as e:
-            raise TranscriptError(str(e)) from None
+        shape = shape_for(build=self.options.build, source=self.options.source, build_info=rec.server_build)
         identity = tuple(compare_model(rec, self.facts(), renamed=self.options.renamed_model))
         wrong = mismatch(list(identity), "-m")
         if wrong:

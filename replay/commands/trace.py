@@ -49,7 +49,7 @@ from replay.tokens.server_view import server_view
 from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.entries import SentEntry, n_prompt_cached, record_entries
 from replay.transcripts.plan import Known, Plan, build_plan
-from replay.transcripts.readers import Record, fingerprint
+from replay.transcripts.readers import Record
 from replay.transcripts.request import request_settings
 
 
@@ -105,9 +105,7 @@ class TraceResult:
             "divergence": None if self.explanation is None else self.explanation.to_json(),
             "notes": self.notes,
             "libllama": library_in_use(),
-            "loop_shape": None if self.shape is None else {
-                "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
-                "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
+            "loop_shape": None if self.shape is None else self.shape.to_json(),
             "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
             "schedule": self.schedule,
         }
@@ -338,7 +336,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
                   server_state: dict | None, drafts: Drafts, renamed: bool = False,
                   shared: str | None = None) -> TraceResult:
     final = rec.final() or {}
-    shape = loop_shape(rec, *given)
+    shape = shape_for(build=given[0], source=given[1], build_info=rec.server_build)
     view = server_view(rec, target.path, flags, lambda p: server_tokens(target, p),
                        target.chat_template())
     prompt = prompt_ids(rec, target, view)
@@ -400,15 +398,6 @@ def drafts_differ(res: TraceResult, draft_model: bool) -> str:
             + why)
 
 
-def loop_shape(rec: Record, build: int | None = None, source: Path | None = None) -> Shape:
-    """The loop shape to replay `rec` with: a checkout's code, else --build, else its build_info."""
-    try:
-        return shape_for(build=build, source=source,
-                         build_info=rec.build_info or fingerprint(rec))
-    except ValueError as e:
-        raise TranscriptError(str(e)) from None
-
-
 PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
 
 
@@ -420,10 +409,7 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     if build is None and source is None:
         shape = Shape(NEWEST, None, "the newest shape (no --build or --source)")
     else:
-        try:
-            shape = shape_for(build=build, source=source)
-        except ValueError as e:
-            raise TranscriptError(str(e)) from None
+        shape = shape_for(build=build, source=source)
     flags = {**PROMPT_DEFAULTS, **(flags or {})}
     ids = target.tokenize(prompt, add_special=True, parse_special=True)
     spec = resolve("speculative", flags=flags)

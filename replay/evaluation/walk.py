@@ -38,9 +38,6 @@ from replay.schedule.prompt import NO_SPANS, MessageSpans
 from replay.settings.sampling import Effective
 from replay.transcripts.plan import Gap, Known, PlanItem
 
-KV_PAD = 256  # src/llama-kv-cache.cpp:1285, n_pad_cur = max(n_pad, 256)
-
-
 @dataclass
 class Truth:
     """What a correct server reports for one emitted token."""

@@ -44,6 +44,7 @@ from replay.schedule.memory import SlotMemory, checkpoint_rules
 from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS, MessageSpans
 from replay.settings.sampling import Effective
+from replay.transcripts.utf8 import utf8_complete
 
 Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
 CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
@@ -196,24 +197,6 @@ class HeldMemory:
         for c in (self.memory.draft, self.memory.ctx):
             if c is not None:
                 c.close()
-
-
-def utf8_complete(text: bytes) -> int:
-    """How many leading bytes of `text` the server counts as whole characters (validate_utf8,
-    tools/server/server-common.cpp:944-969): it looks at the last four bytes for a lead byte whose
-    sequence is cut off, and counts everything when there is none (invalid bytes included).
-
-    >>> utf8_complete("café".encode()), utf8_complete("café".encode()[:-1]), utf8_complete("🌊".encode()[:3])
-    (5, 3, 0)
-    >>> utf8_complete(bytes([97, 255]))   # an invalid byte is not a cut-off character
-    2
-    """
-    n = len(text)
-    for i in range(1, min(4, n) + 1):
-        c = text[n - i]
-        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
-            return n - i
-    return n
 
 
 class SpeculativeLoop:

@@ -79,9 +79,7 @@ class RecordReport:
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
              "reused_prompt_tokens": self.reused_prompt_tokens, "prefix": self.prefix, "schedule": self.schedule,
              "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.settings],
-             "loop_shape": None if self.shape is None else {
-                 "era": self.shape.era.key, "builds": self.shape.era.span, "title": self.shape.era.title,
-                 "build": self.shape.build, "why": self.shape.why, "warning": self.shape.warning},
+             "loop_shape": None if self.shape is None else self.shape.to_json(),
              "numerics": {"slots": self.slots, "replay_backend": self.replay_backend, "libllama": self.libllama,
                           "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
                           "weighted_mean_diff_real": self.weighted_diff,

@@ -26,12 +26,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from replay.comparison.values import TokenReport
 from replay.evaluation.walk import Truth
+from replay.numerics.floats import widened
 from replay.transcripts.plan import EntryPlace
 from replay.transcripts.readers import NATIVE, Record, entries_of
+from replay.transcripts.utf8 import sent_text
 
 Piece = Callable[[int], bytes]
 
@@ -47,24 +47,9 @@ class Outcome:
     report: TokenReport
 
 
-def f32(x: float) -> float:
-    """The float32 value of x as the double the server's JSON holds (it prints that double's
-    shortest round-trip decimal)."""
-    return float(np.float32(x))
-
-
-def _valid_utf8_prefix(b: bytes) -> str:
-    for cut in range(len(b), max(len(b) - 4, -1), -1):
-        try:
-            return b[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return b.decode("utf-8", "ignore")
-
-
 def _top(values: Sequence[tuple[int, float]], post: bool, piece: Piece) -> list[dict]:
     key = "prob" if post else "logprob"
-    return [{"id": tid, "token": _valid_utf8_prefix(piece(tid)), "bytes": list(piece(tid)), key: f32(v)}
+    return [{"id": tid, "token": sent_text(piece(tid)), "bytes": list(piece(tid)), key: widened(v)}
             for tid, v in values]
 
 
@@ -72,16 +57,16 @@ def filled(entry: dict, t: Truth, post: bool, piece: Piece) -> dict:
     """A copy of `entry` with the true values in its probability fields; every other field kept."""
     e = dict(entry)
     if post:
-        e["prob"], e["top_probs"] = f32(t.post_prob or 0.0), _top(t.post_top or [], True, piece)
+        e["prob"], e["top_probs"] = widened(t.post_prob or 0.0), _top(t.post_top or [], True, piece)
     else:
-        e["logprob"], e["top_logprobs"] = f32(t.logprob), _top(t.top, False, piece)
+        e["logprob"], e["top_logprobs"] = widened(t.logprob), _top(t.top, False, piece)
     return e
 
 
 def new_entry(t: Truth, post: bool, piece: Piece) -> dict:
     """An entry for a token the server sent none for."""
     b = piece(t.id)
-    return filled({"id": t.id, "token": _valid_utf8_prefix(b), "bytes": list(b)}, t, post, piece)
+    return filled({"id": t.id, "token": sent_text(b), "bytes": list(b)}, t, post, piece)
 
 
 def _entry_list(endpoint: str, obj: dict, *, body: bool) -> list:

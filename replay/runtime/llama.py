@@ -438,10 +438,3 @@ class Context(_Owner):
         if int(L.llama_state_seq_set_data_ext(self.ptr, buf, len(data), seq_id,
                                               L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)) == 0:
             raise ModelError("libllama could not restore a sequence state")
-
-    def keep(self, n: int) -> None:
-        """Keep the KV cells of positions 0..n-1 and drop the rest (clear when n is 0)."""
-        if n <= 0:
-            self.clear()
-        else:
-            self.seq_rm(0, n, -1)

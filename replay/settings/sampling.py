@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from replay.errors import TranscriptError
+from replay.numerics.floats import widened
 from replay.settings.table import BY_ATTR, rows
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -143,7 +144,7 @@ class Effective:
             else:
                 value = getattr(self.params, name)
                 default = getattr(builtin, name)
-                if value == default or (isinstance(value, float) and _c_float(value) == _c_float(default)):
+                if value == default or (isinstance(value, float) and widened(value) == widened(default)):
                     continue
             out.append((_spelling(name), list(value) if isinstance(value, tuple) else value, src))
         return out
@@ -178,11 +179,6 @@ def _c_number(text: str, kind: str) -> float | int | None:
         value = float(_LIBC.strtof(buf, ctypes.byref(end)))
     consumed = ctypes.cast(end, ctypes.c_void_p).value - ctypes.addressof(buf)
     return value if raw and consumed > 0 else None
-
-
-def _c_float(x: float) -> float:
-    """The float32 value of a float setting (every field is a C float)."""
-    return float(ctypes.c_float(x).value)
 
 
 # --- layer 1-3: what every request starts from ------------------------------------------------
@@ -454,7 +450,7 @@ def effective(endpoint: str, body: Mapping, defaults: Layer, *, echo: Mapping | 
     p.post_sampling_probs = bool(body.get("post_sampling_probs"))
     n_predict, sources["n_predict"] = _n_predict(body, defaults)
     stop, sources["stop"] = _stop(body, defaults)
-    p.temp = _c_float(p.temp) if p.temp == p.temp else p.temp
+    p.temp = widened(p.temp) if p.temp == p.temp else p.temp
     eff = Effective(p, n_predict, stop, None, sources)
     return reconcile(eff, echo) if echo else eff
 
@@ -569,7 +565,7 @@ def reconcile(eff: Effective, echo: Mapping) -> Effective:
                 continue
         ours = getattr(p, s.attr)
         same = tuple(ours) == tuple(theirs) if isinstance(ours, tuple) else \
-            (ours == theirs or (isinstance(theirs, float) and _c_float(ours) == _c_float(theirs)))
+            (ours == theirs or (isinstance(theirs, float) and widened(ours) == widened(theirs)))
         if not same:
             differ.append(f"{key} {ours!r} -> {theirs!r}")
             setattr(p, s.attr, tuple(theirs) if isinstance(theirs, list) else theirs)

@@ -26,7 +26,7 @@ from replay.builds.loop_shapes import build_of
 from replay.errors import TranscriptError
 from replay.llamacpp.server_request import Helper, Rendered, find_helper, render_request
 from replay.transcripts.entries import n_prompt
-from replay.transcripts.readers import CHAT, Record, fingerprint
+from replay.transcripts.readers import CHAT, Record
 from replay.transcripts.request import builds_grammar, generation_echo
 
 LATER_S = 45 * 86400
@@ -126,7 +126,7 @@ def server_view(rec: Record, model: Path | str, flags: Mapping | None, tokenize:
     if not needs_view(rec):
         return None
     if helper is None:
-        helper = find_helper(build_of(rec.build_info or fingerprint(rec)))
+        helper = find_helper(build_of(rec.server_build))
         if helper is None:
             return None
     flags = helper_flags(rec, flags, model_template)

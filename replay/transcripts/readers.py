@@ -67,6 +67,11 @@ class Record:
             return 4 if n < 1 else n
         return None
 
+    @property
+    def server_build(self) -> str | None:
+        """The server's build_info: the recorded one (/props), else the OpenAI endpoints' system_fingerprint."""
+        return self.build_info or fingerprint(self)
+
     def several_slots(self, n_parallel: int | None = None) -> str | None:
         """What in the record shows a server that may have decoded it in batches shared with other
         requests, or None: the slot count it ran (/props, our -np, the recorded --parallel), a response

@@ -79,7 +79,7 @@ def test_record_writes_a_transcript(self_draft_server, tmp_path):
     assert t["server"]["flags"]["--spec-type"] == ["draft-simple"]
     assert t["server"]["slots"][0]["speculative"] is True
     assert t["response"]["choices"][0]["logprobs"]["content"]
-    # the model's identity, for recover to compare with -m (comparison/identity.py)
+    # the model's identity, for recover to compare with -m (reading/identity.py)
     from replay.runtime.llama import Model
     m = Model(self_draft_server.config.model)
     assert (t["server"]["models_meta"]["size"], t["server"]["models_meta"]["n_params"]) == (m.size_bytes(), m.n_params())

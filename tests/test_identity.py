@@ -1,4 +1,4 @@
-"""The right model, and honest causes (comparison/identity.py, comparison/values.py, transcripts/concurrency.py).
+"""The right model, and honest causes (reading/identity.py, comparison/values.py, transcripts/concurrency.py).
 
 - Model identity is evidence: every name the transcript carries for its model (the response's "model",
   /props model_path, model_alias, model_ftype, /v1/models size and n_params, the recorded
@@ -19,7 +19,7 @@ import math
 import pytest
 from cli_helpers import one_error, run
 
-from replay.comparison.identity import Compared, ModelFacts, compare_model, file_name, mismatch
+from replay.reading.identity import Compared, ModelFacts, compare_model, file_name, mismatch
 from replay.comparison.values import wrong_everywhere
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES

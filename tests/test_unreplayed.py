@@ -82,7 +82,7 @@ def test_backend_sampling_in_the_request_is_refused_by_both(tmp_path):
 
 
 def test_a_recorded_spec_type_none_is_not_speculation():
-    from replay.commands.recover import speculating_types
+    from replay.reading.record import speculating_types
     assert not speculating_types(["none"]) and speculating_types(["none", "ngram-mod"])
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -95,8 +94,8 @@ TOLERANCE = _Tolerance()
 
 def _load(transcript: str, request_file: str | None, model: str, *, renamed: bool = False):
     """(records, the file's text, the --request body), after checking the files (a wrong model is
-    reported first, by name where the transcript names its model: comparison/identity.py)."""
-    from replay.comparison.identity import file_name, model_names
+    reported first, by name where the transcript names its model: reading/identity.py)."""
+    from replay.reading.identity import file_name, model_names
     from replay.errors import ModelError, TranscriptError
     from replay.runtime.gguf import check_gguf
     from replay.transcripts.files import read_request

@@ -117,7 +117,7 @@ def server_snapshot(url: str) -> dict:
         slots = get_json(url, "/slots")
     except ServerError:
         slots = None  # started with --no-slots
-    try:  # the model's size and parameter count (comparison/identity.py)
+    try:  # the model's size and parameter count (reading/identity.py)
         listed = get_json(url, "/v1/models")
         meta = listed["data"][0]["meta"]
         meta = {k: meta[k] for k in ("size", "n_params", "n_vocab", "ftype") if k in meta}

@@ -15,9 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from replay.builds.loop_shapes import Shape, shape_for
 from replay.builds.prompt_rules import rules_of_build
-from replay.comparison.identity import Compared, ModelFacts, compare_model, mismatch
 from replay.comparison.values import (
     BATCH_BOUND,
     DEFAULT_TOLERANCE,
@@ -26,8 +24,10 @@ from replay.comparison.values import (
     judge_numerics,
     numerics_cause,
 )
-from replay.errors import ModelError, TranscriptError, Unaligned, located
+from replay.errors import Unaligned, located
 from replay.evaluation.walk import PieceIndex, Truth, truths
+from replay.reading.identity import ModelFacts
+from replay.reading.record import ReadRecord, read_record
 from replay.report.recovery import RecordReport, RecoverResult
 from replay.report.repair import Outcome, repair_record, serialise
 from replay.runtime.backend import kernels_differ, replay_backend, server_backend
@@ -36,17 +36,14 @@ from replay.runtime.llama import Context, Model, model_params
 from replay.schedule.memory import SlotMemory, checkpoint_rules, min_step_given, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.settings import BY_ATTR, ContextConfig, kv_layout, resolve
+from replay.settings import BY_ATTR, ContextConfig, kv_layout
 from replay.settings.config import context_size, thread_count
-from replay.settings.sampling import Effective
 from replay.settings.server_flags import from_mapping
-from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
-from replay.tokens.server_view import server_view
+from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
-from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
-from replay.transcripts.plan import Gap, Plan, build_plan, entry_at
+from replay.transcripts.entries import drafted, n_generated
+from replay.transcripts.plan import Gap, entry_at
 from replay.transcripts.readers import Record, read_source, read_text
-from replay.transcripts.request import request_settings
 
 
 @dataclass(frozen=True)
@@ -60,33 +57,9 @@ class RecoverOptions:
     source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
     shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
-    renamed_model: bool = False  # --renamed-model: -m is the server's file under another name (comparison/identity.py)
+    renamed_model: bool = False  # --renamed-model: -m is the server's file under another name (reading/identity.py)
     only_entries: int = 0  # evaluate the prompt and only this many generated tokens; 0: all (commands/probe.py)
     cpu: Any = None  # commands/kernel_choice.py KernelChoice: the CPU variant this run replays on (None: one linked in)
-
-
-@dataclass(frozen=True)
-class ReadRecord:
-    """One record as recover reads it, once (Recoverer._read), for the stages after it."""
-
-    rec: Record
-    post: bool  # the server sent post-sampling probabilities
-    settings: Effective  # what it sampled with, and where each value came from
-    shape: Shape  # the loop shape of the server's build
-    plan: Plan  # the generated tokens: known ids, gaps to align
-    prompt: tuple[int, ...]
-    notes: tuple[str, ...]
-    context: ContextConfig  # the server's context flags
-    final: dict | None  # the final response object (a stream's last event)
-    speculative: bool  # the server ran its speculative loop
-    slots: int | None  # the server's slot count (None: not known)
-    shared: str | None  # why the server's batches may have been shared with other requests, or None
-    server_backend: str  # what the server computed on, as far as is known
-    identity: tuple[Compared, ...] = ()  # the transcript's evidence on the model, compared with -m
-
-    @property
-    def n_probs(self) -> int:
-        return self.settings.params.n_probs
 
 
 @dataclass(frozen=True)
@@ -107,21 +80,6 @@ class Recovered:
 
     report: RecordReport
     container: Any
-
-
-def speculating_types(value) -> bool:
-    """Does a recorded `--spec-type` (a list, or one comma-separated string, as llama-server takes it:
-    common/arg.cpp --spec-type) name a speculative type? `none` is no speculation.
-
-    >>> speculating_types(["none"]), speculating_types("none"), speculating_types(None)
-    (False, False, False)
-    >>> speculating_types(["ngram-mod", "draft-simple"]), speculating_types("none,ngram-mod")
-    (True, True)
-    """
-    if not value:
-        return False
-    names = value.split(",") if isinstance(value, str) else [n for v in value for n in str(v).split(",")]
-    return any(n.strip() not in ("", "none") for n in names)
 
 
 class Recoverer:
@@ -206,25 +164,6 @@ class Recoverer:
             self._exact_upto = 0
         return self._slot
 
-    def check_vocab(self, rec: Record, plan: Plan) -> None:
-        """Refuse a transcript from another model: its real entries' top pieces must be this model's pieces."""
-        checked = 0
-        for item in plan:
-            e = entry_at(rec, item.place)
-            if not e:
-                continue
-            for t in (e.get("top_logprobs") or e.get("top_probs") or []):
-                tid, b = t.get("id"), t.get("bytes")
-                if isinstance(tid, int) and isinstance(b, list):
-                    # the server renders control tokens as nothing unless started with --special
-                    if bytes(b) != self.piece(tid) and not (not b and not self.model.piece(tid, special=False)):
-                        raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
-                                         f"{self.piece(tid)!r} in {self.model.path.name}: the transcript comes "
-                                         "from another model")
-                    checked += 1
-                if checked >= 64:
-                    return
-
     # --- one record -----------------------------------------------------------------------
 
     def recover(self, rec: Record) -> Recovered:
@@ -238,7 +177,8 @@ class Recoverer:
         read = self._read(rec)
         run = self._evaluate(read)
         outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative)
-        kernels = kernels_differ(read.server_backend, self.backend)
+        backend = server_backend(self._server_flags(rec), self.options.server_backend)
+        kernels = kernels_differ(backend, self.backend)
         cpu = self.options.cpu
         if cpu is not None and cpu.how in ("nearest", "unknown") and kernels is None:
             kernels = f"no CPU variant here reproduces the server's kernels ({cpu.describe()})"
@@ -275,7 +215,7 @@ class Recoverer:
             tokens=tokens, error=error, notes=notes, prompt_tokens=len(read.prompt),
             reused_prompt_tokens=run.prefix.keep, prefix=run.prefix.how, prefix_note=run.prefix.note,
             settings=read.settings.describe(), slots=read.slots, shape=read.shape, replay_backend=self.backend.name,
-            libllama=library_in_use(), server_backend=read.server_backend,
+            libllama=library_in_use(), server_backend=backend,
             kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause, weighted_diff=weighted,
             first_diff=apart.first, bound=self.options.batch_bound,
             judged_by=None if not batched else "option" if (
@@ -286,38 +226,14 @@ class Recoverer:
             batched=batched, schedule=run.schedule)
         return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
 
-    def _read(self, rec: Record) -> "ReadRecord":
-        """Everything later stages need from the record, read once: the request as the server parsed it,
-        the settings with their sources, the loop shape, the token plan, the prompt ids, the context
-        flags, and what the transcript says of the server's batches and kernels."""
-        view = server_view(rec, self.model.path, self.flags, lambda p: server_tokens(self.model, p),
-                           self.model.chat_template())
-        settings = request_settings(rec, flags=self.flags, model_meta=self.model.meta,
-                                    rebuilt=view.rebuilt if view else None)
-        shape = shape_for(build=self.options.build, source=self.options.source, build_info=rec.server_build)
-        identity = tuple(compare_model(rec, self.facts(), renamed=self.options.renamed_model))
-        wrong = mismatch(list(identity), "-m")
-        if wrong:
-            raise ModelError(wrong)
-        plan = build_plan(rec, self.piece, settings.stop)
-        self.check_vocab(rec, plan)
-        prompt = prompt_ids(rec, self.model, view)
-        for t in prompt:
-            self.piece(t)  # vocabulary range check
-        final = rec.final()
-        notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
-                                        if view is not None else [])
-        shared = self.shared.get(rec.index) or rec.several_slots(self.flags.get("n_parallel")) or (
-            "--shared-batches" if self.options.shared_batches else None)
-        return ReadRecord(
-            rec=rec, post=bool(rec.request.get("post_sampling_probs")), settings=settings, shape=shape, plan=plan,
-            prompt=tuple(prompt), notes=tuple(notes),
-            context=resolve("context", flags=self.flags, recorded=rec.flags, props=rec.props), final=final,
-            speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
-            slots=rec.slots(self.flags.get("n_parallel")), shared=shared,
-            server_backend=server_backend(self._server_flags(rec), self.options.server_backend), identity=identity)
+    def _read(self, rec: Record) -> ReadRecord:
+        """Everything later stages need from the record, read once (reading/record.py)."""
+        return read_record(rec, self.model, self.flags, build=self.options.build, source=self.options.source,
+                           renamed=self.options.renamed_model, facts=self.facts(), piece=self.piece,
+                           shared=self.shared.get(rec.index) or rec.several_slots(self.flags.get("n_parallel")) or (
+                               "--shared-batches" if self.options.shared_batches else None))
 
-    def _evaluate(self, read: "ReadRecord") -> "Evaluated":
+    def _evaluate(self, read: ReadRecord) -> "Evaluated":
         """The truth of every generated token: the prompt in the server's batches on what the slot kept
         (the prefix), then one decode per token (evaluation/walk.py)."""
         rec, prompt = read.rec, list(read.prompt)
@@ -325,10 +241,10 @@ class Recoverer:
         ctx = slot.ctx
         spans = message_spans(rec, self.model, prompt) if slot.rules.user_breaks else NO_SPANS
         if slot.rules.enabled:  # a target that checkpoints: its prompt cuts and the slot's checkpoints
-            prefix = plan_checkpointed(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(read.final),
+            prefix = plan_checkpointed(ctx.kv_tokens, self._exact_upto, prompt, read.cached,
                                        slot.checkpoints, pos_min=ctx.pos_min(), n_swa=slot.n_swa)
         else:
-            prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, n_prompt_cached(read.final), ctx.n_batch,
+            prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, read.cached, ctx.n_batch,
                                  ctx.n_ubatch, reuse=self.options.reuse_prefix)
         self._exact_upto = 0  # until this record's evaluation completes
         evaluated: list[Truth] = []

@@ -32,11 +32,12 @@ from replay.comparison.divergence import (
     measured_noise,
     possibly_ahead,
 )
-from replay.comparison.identity import ModelFacts, compare_draft, compare_model, mismatch
-from replay.errors import ModelError, TranscriptError, located
+from replay.errors import ModelError, located
 from replay.loop.loop import Emitted, SpeculativeLoop, Step
 from replay.loop.replayable import drafts_with_model
-from replay.runtime.binding import library_in_use, loaded_path
+from replay.reading.identity import compare_draft, mismatch
+from replay.reading.record import read_record
+from replay.runtime.binding import library_in_use
 from replay.runtime.gguf import check_gguf
 from replay.runtime.llama import Model
 from replay.schedule.memory import min_step_given, schedule_of
@@ -44,13 +45,11 @@ from replay.schedule.prompt import NO_SPANS, MessageSpans
 from replay.settings import ContextConfig, SpecConfig, describe, kv_layout, resolve
 from replay.settings.config import context_size, thread_count
 from replay.settings.sampling import Effective, effective, server_sampling
-from replay.tokens.prompt_ids import message_spans, prompt_ids, server_tokens
-from replay.tokens.server_view import server_view
+from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
-from replay.transcripts.entries import SentEntry, n_prompt_cached, record_entries
-from replay.transcripts.plan import Known, Plan, build_plan
+from replay.transcripts.entries import SentEntry, record_entries
+from replay.transcripts.plan import Known, Plan
 from replay.transcripts.readers import Record
-from replay.transcripts.request import request_settings
 
 
 @dataclass
@@ -335,39 +334,23 @@ def trace_record(rec: Record, target: Model, *, flags: dict | None = None, build
 def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | None, Path | None],
                   server_state: dict | None, drafts: Drafts, renamed: bool = False,
                   shared: str | None = None) -> TraceResult:
-    final = rec.final() or {}
-    shape = shape_for(build=given[0], source=given[1], build_info=rec.server_build)
-    view = server_view(rec, target.path, flags, lambda p: server_tokens(target, p),
-                       target.chat_template())
-    prompt = prompt_ids(rec, target, view)
-    _check_ids(prompt, target, "prompt")
-    spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
-    ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
-    wrong = mismatch(compare_model(rec, ModelFacts.of(target), renamed=renamed), "-m")
-    if wrong:
-        raise ModelError(wrong)
-    draft_model = _draft(drafts, spec, rec, renamed) if drafts_with_model(spec, shape.era) else None
-    settings = request_settings(rec, flags=flags, model_meta=target.meta, command="trace",
-                                rebuilt=view.rebuilt if view else None)
-    recorded = build_plan(rec, lambda t: target.piece(t, special=True), settings.stop)
-    _check_ids([i.id for i in recorded if isinstance(i, Known)], target, "generated")
-    timings = final.get("timings")
-    if isinstance(timings, dict):
-        timings = {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
-    res = run_loop(target, prompt, settings, spec, ctx, shape=shape, draft_model=draft_model,
-                   n_probs=settings.params.n_probs or 5, recorded=recorded, timings=timings,
+    read = read_record(rec, target, flags, command="trace", build=given[0], source=given[1], renamed=renamed,
+                       shared=shared)
+    spec, settings, prompt = read.spec, read.settings, list(read.prompt)
+    draft_model = _draft(drafts, spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
+    res = run_loop(target, prompt, settings, spec, read.context, shape=read.shape, draft_model=draft_model,
+                   n_probs=settings.params.n_probs or 5, recorded=read.plan, timings=read.draft_totals,
                    server_state=server_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
-                   recorded_flags=rec.flags, cached=n_prompt_cached(final))
+                   recorded_flags=rec.flags, cached=read.cached)
     res.notes += list(settings.notes)
     if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
     if res.first_divergence is not None:
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
-        res.explanation = explain(res, rec, settings, rec.slots(flags.get("n_parallel")))
+        res.explanation = explain(res, rec, settings, read.slots)
     elif res.reproduced is False:
-        shared = shared or rec.several_slots(flags.get("n_parallel"))
-        if draft_model is not None and shared:
-            res.explanation = drafts_shared(res, shared)
+        if draft_model is not None and read.shared:
+            res.explanation = drafts_shared(res, read.shared)
         else:
             res.notes.append(drafts_differ(res, draft_model is not None))
     return res
@@ -418,13 +401,6 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
     return run_loop(target, ids, settings, spec, ctx, shape=shape, draft_model=draft_model, n_probs=5)
-
-
-def _check_ids(ids: Sequence[int], target: Model, what: str) -> None:
-    bad = next((t for t in ids if not 0 <= t < target.n_vocab), None)
-    if bad is not None:
-        raise ModelError(f"{what} token id {bad} is outside {target.path.name}'s vocabulary ({target.n_vocab} "
-                         "tokens): the transcript comes from another model")
 
 
 def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Mapping[str, Any] | None = None,

@@ -69,7 +69,7 @@ BATCH_BOUND = 0.25
 # (SmolLM2 Q4_1) and 0.012 to 0.141 (Gemma 3 Q4_K_M); requantised to Q4_0 they were 0.17 to 1.03 and
 # 0.92 to 1.15 (records 0.38 or more), to Q2_K 0.36 or more. A Q8_0 requantisation stays within the
 # noise (first entries 0.01 to 0.15): values cannot tell it, the transcript's model name does
-# (comparison/identity.py). A model every record's first entry is this far from is not the server's,
+# (reading/identity.py). A model every record's first entry is this far from is not the server's,
 # whatever else may have moved the values.
 FIRST_ENTRY_BOUND = 0.2
 

@@ -50,7 +50,7 @@ class RecordReport:
     judged_by: str | None = None  # "evidence" (the transcript shows the cause) or "option" (--shared-batches, --server-backend)
     schedule: dict | None = None  # schedule/memory.py schedule_of: the prompt batches and checkpoints replayed
     identity: list[dict] = field(default_factory=list)
-    model_file: str | None = None  # the -m file's name  # comparison/identity.py: the model evidence compared with -m
+    model_file: str | None = None  # the -m file's name  # reading/identity.py: the model evidence compared with -m
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}

@@ -63,7 +63,7 @@ class RayEvaluator:
 
     def receive_model(self, data: bytes, sha: str) -> str:
         """Keep a shipped model file in this node's temp directory, under its sha256 and its own file name
-        (the name the transcript's is compared with: comparison/identity.py); returns its path here."""
+        (the name the transcript's is compared with: reading/identity.py); returns its path here."""
         d = Path(tempfile.gettempdir()) / "spec-replay-models" / sha
         d.mkdir(parents=True, exist_ok=True)
         p = d / Path(self.job.model).name

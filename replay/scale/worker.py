@@ -27,7 +27,7 @@ class TraceOptions:
 
     build: int | None = None
     source: str | None = None
-    renamed: bool = False  # --renamed-model (comparison/identity.py)
+    renamed: bool = False  # --renamed-model (reading/identity.py)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,143 @@
+"""One record read once, for every command that replays it (recover, diff, trace).
+
+The order is the order a user meets the errors in: the request as the server parsed it
+(tokens/server_view.py), its sampling settings (a flag or field the command cannot reproduce is refused
+here), the loop shape of its build, the model's identity, the generated tokens' plan and their
+vocabulary, the prompt ids. Nothing here decodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from replay.builds.loop_shapes import Shape, shape_for
+from replay.errors import ModelError
+from replay.reading.identity import Compared, ModelFacts, compare_model, mismatch
+from replay.runtime.llama import Model
+from replay.settings import ContextConfig, SpecConfig, resolve
+from replay.settings.sampling import Effective
+from replay.tokens.prompt_ids import prompt_ids, server_tokens
+from replay.tokens.server_view import server_view
+from replay.transcripts.entries import drafted, n_prompt_cached
+from replay.transcripts.plan import Known, Plan, build_plan, entry_at
+from replay.transcripts.readers import Record
+from replay.transcripts.request import request_settings
+
+Piece = Callable[[int], bytes]
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """One record as the replay reads it (read_record), for the stages after it."""
+
+    rec: Record
+    post: bool  # the server sent post-sampling probabilities
+    settings: Effective  # what it sampled with, and where each value came from
+    shape: Shape  # the loop shape of the server's build
+    plan: Plan  # the generated tokens: known ids, gaps to align
+    prompt: tuple[int, ...]
+    notes: tuple[str, ...]
+    context: ContextConfig  # the server's context flags
+    spec: SpecConfig  # the server's speculative flags
+    final: dict | None  # the final response object (a stream's last event)
+    speculative: bool  # the server ran its speculative loop
+    slots: int | None  # the server's slot count (None: not known)
+    shared: str | None  # why the server's batches may have been shared with other requests, or None
+    identity: tuple[Compared, ...] = ()  # the transcript's evidence on the model, compared with -m
+
+    @property
+    def n_probs(self) -> int:
+        return self.settings.params.n_probs
+
+    @property
+    def cached(self) -> int | None:
+        """The prompt tokens the server took from its cache (timings.cache_n)."""
+        return n_prompt_cached(self.final)
+
+    @property
+    def draft_totals(self) -> dict | None:
+        """The server's draft_n and draft_n_accepted (its timings), None where it sent no timings."""
+        timings = (self.final or {}).get("timings")
+        if not isinstance(timings, dict):
+            return None
+        return {"draft_n": timings.get("draft_n", 0), "draft_n_accepted": timings.get("draft_n_accepted", 0)}
+
+
+def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command: str = "recover",
+                build: int | None = None, source: Path | None = None, renamed: bool = False,
+                facts: ModelFacts | None = None, piece: Piece | None = None, shared: str | None = None) -> ReadRecord:
+    """Read `rec` against `model` with the server flags given on the command line (`flags`, settings
+    attrs, over the transcript's). `build`/`source` (--build/--source) pick the loop shape over its
+    build_info; `renamed` (--renamed-model) sets the model's name aside; `shared` is the evidence, from
+    the whole file, that its batches were shared (transcripts/concurrency.py shared_evidence), else the
+    record's own. Errors: TranscriptError (cannot be replayed), ModelError (another model)."""
+    piece = piece or (lambda t: model.piece(t, special=True))
+    view = server_view(rec, model.path, flags, lambda p: server_tokens(model, p), model.chat_template())
+    settings = request_settings(rec, flags=flags, model_meta=model.meta, command=command,
+                                rebuilt=view.rebuilt if view else None)
+    shape = shape_for(build=build, source=source, build_info=rec.server_build)
+    identity = tuple(compare_model(rec, facts or ModelFacts.of(model), renamed=renamed))
+    wrong = mismatch(list(identity), "-m")
+    if wrong:
+        raise ModelError(wrong)
+    plan = build_plan(rec, piece, settings.stop)
+    in_vocabulary([i.id for i in plan if isinstance(i, Known)], model, "generated")
+    check_vocab(rec, plan, model, piece)
+    prompt = prompt_ids(rec, model, view)
+    in_vocabulary(prompt, model, "prompt")
+    final = rec.final()
+    notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
+                                    if view is not None else [])
+    spec = resolve("speculative", flags=dict(flags), recorded=rec.flags, props=rec.props)
+    return ReadRecord(
+        rec=rec, post=bool(rec.request.get("post_sampling_probs")), settings=settings, shape=shape, plan=plan,
+        prompt=tuple(prompt), notes=tuple(notes),
+        context=resolve("context", flags=dict(flags), recorded=rec.flags, props=rec.props), spec=spec, final=final,
+        speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
+        slots=rec.slots(flags.get("n_parallel")), shared=shared or rec.several_slots(flags.get("n_parallel")),
+        identity=identity)
+
+
+def in_vocabulary(ids: Sequence[int], model: Model, what: str) -> None:
+    """Refuse ids outside the model's vocabulary in one line (libllama would abort on them)."""
+    bad = next((t for t in ids if not 0 <= t < model.n_vocab), None)
+    if bad is not None:
+        raise ModelError(f"{what} token id {bad} is outside {model.path.name}'s vocabulary ({model.n_vocab} "
+                         "tokens): the transcript comes from another model")
+
+
+def check_vocab(rec: Record, plan: Plan, model: Model, piece: Piece) -> None:
+    """Refuse a transcript from another model: its real entries' top pieces must be this model's pieces
+    (the first 64 compared)."""
+    checked = 0
+    for item in plan:
+        e = entry_at(rec, item.place)
+        if not e:
+            continue
+        for t in (e.get("top_logprobs") or e.get("top_probs") or []):
+            tid, b = t.get("id"), t.get("bytes")
+            if isinstance(tid, int) and isinstance(b, list):
+                # the server renders control tokens as nothing unless started with --special
+                if bytes(b) != piece(tid) and not (not b and not model.piece(tid, special=False)):
+                    raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
+                                     f"{piece(tid)!r} in {model.path.name}: the transcript comes "
+                                     "from another model")
+                checked += 1
+            if checked >= 64:
+                return
+
+
+def speculating_types(value) -> bool:
+    """Does a recorded `--spec-type` (a list, or one comma-separated string, as llama-server takes it:
+    common/arg.cpp --spec-type) name a speculative type? `none` is no speculation.
+
+    >>> speculating_types(["none"]), speculating_types("none"), speculating_types(None)
+    (False, False, False)
+    >>> speculating_types(["ngram-mod", "draft-simple"]), speculating_types("none,ngram-mod")
+    (True, True)
+    """
+    if not value:
+        return False
+    names = value.split(",") if isinstance(value, str) else [n for v in value for n in str(v).split(",")]
+    return any(n.strip() not in ("", "none") for n in names)

@@ -47,6 +47,7 @@ from replay.llamacpp import models  # noqa: E402
 from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
 from replay.llamacpp.http import post_json  # noqa: E402
 from replay.llamacpp.process import LlamaServer, ServerConfig  # noqa: E402
+from replay.loop.state import SlotState  # noqa: E402
 from replay.runtime.llama import Context, Model, set_verbose  # noqa: E402
 from replay.transcripts.format import dumps  # noqa: E402
 from replay.transcripts.readers import read_source  # noqa: E402
@@ -208,10 +209,10 @@ def main() -> None:
         for _ in range(REPS):  # alternate, keep the fastest of each
             rep, t = timed(lambda: r.recover(read_text(dumps(t200), "t200.json")[0]))
             t_rec.append(t)
-            t_raw.append(raw_decode(r._ctx, prompt_ids, gen))
+            t_raw.append(raw_decode(r._slot.ctx, prompt_ids, gen))
             t_plain.append(timed(lambda: post_json(plain.url, "/completion", {**body(200), "cache_prompt": False}))[1])
             trace_res, t = timed(lambda: trace_record(read_text(dumps(t200), "tr.json")[0], model,
-                                                      server_state={}))
+                                                      slot_state=SlotState()))
             assert trace_res.reproduced, "trace did not reproduce the server"
             t_trace.append(t)
             t_spec.append(timed(lambda: post_json(spec.url, "/completion", {**body(200), "cache_prompt": False}))[1])

@@ -18,6 +18,7 @@ from replay.loop.drafters import (
     make_drafters,
 )
 from replay.loop.replayable import PRIORITY
+from replay.loop.state import SlotState
 from replay.settings import resolve
 
 CYCLE = [1, 2, 3, 4, 5]
@@ -117,9 +118,13 @@ def test_drafters_come_in_the_servers_priority_order_with_the_flags_values():
     assert (mod.name, mod.n) == ("ngram-mod", 7)
 
 
-def test_stateful_drafters_outlive_a_request_through_server_state():
+def test_stateful_drafters_outlive_a_request_in_the_slots_state():
     spec = resolve("speculative", flags={"spec_types": ("ngram-mod", "ngram-map-k", "ngram-simple")})
-    state: dict = {}
-    first, second = make_drafters(spec, server_state=state), make_drafters(spec, server_state=state)
+    state = SlotState()
+    first, second = make_drafters(spec, state=state), make_drafters(spec, state=state)
     kept = {d.name for a, d in zip(first, second) if a is d}
     assert kept == {"ngram-mod", "ngram-map-k"}  # ngram-simple is stateless: a new one per request
+    # ngram-mod's table is the server's, the map the slot's (DrafterKind.scope)
+    assert set(state.server.drafters) == {"ngram-mod"} and set(state.drafters) == {"ngram-map-k"}
+    other = make_drafters(spec, state=SlotState(state.server))  # another slot of the same server
+    assert {d.name for a, d in zip(first, other) if a is d} == {"ngram-mod"}

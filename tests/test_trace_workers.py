@@ -119,7 +119,9 @@ def test_each_slot_keeps_its_own_state_and_ngram_mod_is_shared():
     state = ServerState()
     a, b, a2 = (state.slot(r) for r in recs)
     assert a is a2 and a is not b
-    a["ngram-mod"] = "table"
-    a["draft-simple retune"] = (0.7, 1)
-    assert b["ngram-mod"] == "table" and "ngram-mod" in b
-    assert b.get("draft-simple retune") is None
+    table = a.drafter("ngram-mod", "server", lambda: "table")
+    a.retune = (0.7, 1)
+    assert b.drafter("ngram-mod", "server", lambda: "another") is table  # one table for the server
+    assert b.drafter("ngram-map-k", "slot", lambda: "b's map") == "b's map"
+    assert a.drafter("ngram-map-k", "slot", lambda: "a's map") == "a's map"  # each slot its own map
+    assert b.retune is None

@@ -121,7 +121,7 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
             shared = shared_evidence(records, flags.get("n_parallel"), False)
             for rec in records:
                 res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
-                                   server_state=state.slot(rec), drafts=drafts, renamed=renamed_model,
+                                   slot_state=state.slot(rec), drafts=drafts, renamed=renamed_model,
                                    shared=shared.get(rec.index))
                 results.append((rec, res.lighten()))
                 advance(len(results))

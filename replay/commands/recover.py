@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from replay.builds.prompt_rules import rules_of_build
 from replay.comparison.values import (
     BATCH_BOUND,
     DEFAULT_TOLERANCE,
@@ -32,12 +31,11 @@ from replay.report.recovery import RecordReport, RecoverResult
 from replay.report.repair import Outcome, repair_record, serialise
 from replay.runtime.backend import kernels_differ, replay_backend, server_backend
 from replay.runtime.binding import library_in_use
-from replay.runtime.llama import Context, Model, model_params
-from replay.schedule.memory import SlotMemory, checkpoint_rules, min_step_given, schedule_of
+from replay.runtime.llama import Model, model_params
+from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.settings import BY_ATTR, ContextConfig, kv_layout
-from replay.settings.config import context_size, thread_count
+from replay.settings import BY_ATTR
 from replay.settings.server_flags import from_mapping
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
@@ -98,18 +96,17 @@ class Recoverer:
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,
                                                                   **model_params(self.flags))
-        self._ctx: Context | None = None
-        self._ctx_key: tuple | None = None
         self._slot: SlotMemory | None = None
+        self._slot_cfg: SlotConfig | None = None
         self._pieces: PieceIndex | None = None
         self._exact_upto = 0  # KV positions the previous record left as the server computed them
         self._piece_cache: dict[int, bytes] = {}
         self._facts: ModelFacts | None = None
 
     def close(self) -> None:
-        if self._ctx is not None:
-            self._ctx.close()
-            self._ctx = None
+        if self._slot is not None:
+            self._slot.close()
+            self._slot = None
 
     def forget(self) -> None:
         """Keep no KV positions for the next record (a new unit of work: transcripts/chains.py), so that what
@@ -141,26 +138,12 @@ class Recoverer:
             self._pieces = PieceIndex(self.model)
         return self._pieces
 
-    def context(self, cfg: ContextConfig, build: int | None, recorded: dict | None = None) -> SlotMemory:
-        """The context (and the slot memory over it) configured like the server's, made anew when the
-        configuration changes. `build` (the server's build number, None: unknown) picks the prompt
-        schedule's rules (builds/prompt_rules.py); `recorded` are the transcript's server flags (how its
-        slots were asked for: kv_layout)."""
-        n_ctx = context_size(cfg)
-        threads = thread_count(cfg)
-        n_seq_max, unified = kv_layout(cfg, recorded)
-        key = (n_ctx, cfg.n_batch, cfg.n_ubatch, cfg.flash_attn, cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full,
-               threads, n_seq_max, unified, cfg.n_ctx_checkpoints, min_step_given(cfg), rules_of_build(build))
-        if self._ctx is None or self._ctx_key != key:
+    def context(self, cfg: SlotConfig) -> SlotMemory:
+        """The slot's memory (its context) made as the server made it (schedule/memory.py SlotConfig),
+        made anew when the configuration changes."""
+        if self._slot is None or self._slot_cfg != cfg:
             self.close()
-            self._ctx = Context(self.model, n_ctx=n_ctx, n_batch=min(cfg.n_batch, n_ctx), n_ubatch=cfg.n_ubatch,
-                                n_threads=threads, flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
-                                type_v=cfg.cache_type_v, swa_full=cfg.swa_full, n_seq_max=n_seq_max,
-                                kv_unified=unified)
-            rules = checkpoint_rules(self.model, self._ctx.removes_suffixes(), n_ctx_checkpoints=cfg.n_ctx_checkpoints,
-                                     min_step=min_step_given(cfg), swa_full=cfg.swa_full, build=build)
-            self._slot = SlotMemory(self._ctx, rules, n_swa=0 if cfg.swa_full else self.model.n_swa)
-            self._ctx_key = key
+            self._slot, self._slot_cfg = cfg.open(self.model), cfg
             self._exact_upto = 0
         return self._slot
 
@@ -237,7 +220,7 @@ class Recoverer:
         """The truth of every generated token: the prompt in the server's batches on what the slot kept
         (the prefix), then one decode per token (evaluation/walk.py)."""
         rec, prompt = read.rec, list(read.prompt)
-        slot = self.context(read.context, read.shape.build, rec.flags)
+        slot = self.context(SlotConfig.of(read.context, rec.flags, read.shape.build))
         ctx = slot.ctx
         spans = message_spans(rec, self.model, prompt) if slot.rules.user_breaks else NO_SPANS
         if slot.rules.enabled:  # a target that checkpoints: its prompt cuts and the slot's checkpoints

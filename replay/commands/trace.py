@@ -35,15 +35,15 @@ from replay.comparison.divergence import (
 from replay.errors import ModelError, located
 from replay.loop.loop import Emitted, SpeculativeLoop, Step
 from replay.loop.replayable import drafts_with_model
+from replay.loop.state import SlotState
 from replay.reading.identity import compare_draft, mismatch
 from replay.reading.record import read_record
 from replay.runtime.binding import library_in_use
 from replay.runtime.gguf import check_gguf
 from replay.runtime.llama import Model
-from replay.schedule.memory import min_step_given, schedule_of
+from replay.schedule.memory import SlotConfig, schedule_of
 from replay.schedule.prompt import NO_SPANS, MessageSpans
-from replay.settings import ContextConfig, SpecConfig, describe, kv_layout, resolve
-from replay.settings.config import context_size, thread_count
+from replay.settings import ContextConfig, SpecConfig, describe, resolve
 from replay.settings.sampling import Effective, effective, server_sampling
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
@@ -154,18 +154,14 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
              shape: Shape, draft_model: Model | None, n_probs: int, recorded: Plan | None = None,
-             timings: dict | None = None, server_state: dict | None = None, stream: bool = False,
+             timings: dict | None = None, slot_state: SlotState | None = None, stream: bool = False,
              spans: MessageSpans = NO_SPANS, recorded_flags: dict | None = None,
              cached: int | None = None) -> TraceResult:
     """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
     emits (compare_with_plan)."""
-    loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era, n_ctx=context_size(ctx),
-                           draft_model=draft_model, n_probs=n_probs, threads=thread_count(ctx),
-                           n_batch=ctx.n_batch, n_ubatch=ctx.n_ubatch, flash_attn=ctx.flash_attn,
-                           type_k=ctx.cache_type_k, type_v=ctx.cache_type_v, swa_full=ctx.swa_full,
-                           server_state=server_state, kv=kv_layout(ctx, recorded_flags),
-                           checkpoints=(ctx.n_ctx_checkpoints, min_step_given(ctx)), spans=spans, build=shape.build,
-                           cached=cached)
+    loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era,
+                           slot_config=SlotConfig.of(ctx, recorded_flags, shape.build), draft_model=draft_model,
+                           n_probs=n_probs, slot_state=slot_state, spans=spans, cached=cached)
     try:
         steps = list(loop.steps())
         schedule = schedule_of(loop.memory, spans)
@@ -318,21 +314,21 @@ def _draft(drafts: Drafts, spec: Any, rec: Record, renamed: bool) -> Model:
 # --- the two entry points ----------------------------------------------------------------
 
 def trace_record(rec: Record, target: Model, *, flags: dict | None = None, build: int | None = None,
-                 source: Path | None = None, server_state: dict | None = None,
+                 source: Path | None = None, slot_state: SlotState | None = None,
                  drafts: Drafts | None = None, renamed: bool = False, shared: str | None = None) -> TraceResult:
     """Trace one recorded request with its settings (flags given here win over the transcript's), in
     the loop shape of `source` (a llama.cpp checkout), else of build `build`, else of the transcript's
-    build_info. Pass the same `server_state` for consecutive requests to one server, and `shared`, the
+    build_info. Pass the same `slot_state` for consecutive requests to one slot (trace_state.ServerState), and `shared`, the
     evidence that the record's batches were shared with other requests' (transcripts/concurrency.py
     shared_evidence: it ran beside another record), where there is any beyond the record itself. Errors
     name the record."""
     with located(rec.source, rec.index):
-        return _trace_record(rec, target, flags or {}, (build, source), server_state, drafts or Drafts(), renamed,
+        return _trace_record(rec, target, flags or {}, (build, source), slot_state, drafts or Drafts(), renamed,
                              shared)
 
 
 def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | None, Path | None],
-                  server_state: dict | None, drafts: Drafts, renamed: bool = False,
+                  slot_state: SlotState | None, drafts: Drafts, renamed: bool = False,
                   shared: str | None = None) -> TraceResult:
     read = read_record(rec, target, flags, command="trace", build=given[0], source=given[1], renamed=renamed,
                        shared=shared)
@@ -340,7 +336,7 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
     draft_model = _draft(drafts, spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
     res = run_loop(target, prompt, settings, spec, read.context, shape=read.shape, draft_model=draft_model,
                    n_probs=settings.params.n_probs or 5, recorded=read.plan, timings=read.draft_totals,
-                   server_state=server_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
+                   slot_state=slot_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
                    recorded_flags=rec.flags, cached=read.cached)
     res.notes += list(settings.notes)
     if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
@@ -434,5 +430,5 @@ def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Map
     drafts = Drafts(model_params(attrs))
     shared = shared_evidence(records, attrs.get("n_parallel"), False)
     with ServerState(attrs.get("n_parallel")) as state:
-        return [trace_record(rec, target, flags=attrs, build=build, source=source, server_state=state.slot(rec),
+        return [trace_record(rec, target, flags=attrs, build=build, source=source, slot_state=state.slot(rec),
                              drafts=drafts, renamed=renamed, shared=shared.get(rec.index)) for rec in records]

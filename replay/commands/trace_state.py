@@ -1,8 +1,8 @@
 """The state a llama-server keeps across requests, per slot, and which records of a JSONL it ties
-together (so that `trace --workers` keeps those in one worker, in order).
+together (so that `trace --workers` keeps those in one worker, in order); loop/state.py holds that state.
 
 A record depends on earlier ones through what the server keeps across requests (docs/server-loop.md,
-fact 5; loop/loop.py `server_state`):
+fact 5; loop/state.py):
 
 * ngram-mod's hash table, shared by all slots for the server's lifetime: a file whose server ran
   ngram-mod is one chain, in file order;
@@ -24,62 +24,35 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 from replay.loop.drafters import DRAFTERS
-from replay.loop.loop import MEMORY
+from replay.loop.state import ServerWide, SlotState
 from replay.settings import resolve
 from replay.transcripts.chains import Unit
 from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record
 from replay.transcripts.request import request_settings
 
-SERVER_WIDE = frozenset({"ngram-mod"})  # docs/server-loop.md, fact 5
-PER_SLOT = frozenset(name for name, kind in DRAFTERS.items() if kind.persists) - SERVER_WIDE
-
-
-class _SlotState(dict):
-    """One slot's state dict (what loop/ and its drafters read and write), with the server-wide
-    entries kept in the server's dict."""
-
-    def __init__(self, shared: dict):
-        super().__init__()
-        self._shared = shared
-
-    def __contains__(self, key) -> bool:
-        return key in self._shared if key in SERVER_WIDE else super().__contains__(key)
-
-    def __getitem__(self, key):
-        return self._shared[key] if key in SERVER_WIDE else super().__getitem__(key)
-
-    def __setitem__(self, key, value) -> None:
-        if key in SERVER_WIDE:
-            self._shared[key] = value
-        else:
-            super().__setitem__(key, value)
-
-    def get(self, key, default=None):
-        return self._shared.get(key, default) if key in SERVER_WIDE else super().get(key, default)
+SERVER_WIDE = frozenset(name for name, kind in DRAFTERS.items() if kind.scope == "server")  # ngram-mod
+PER_SLOT = frozenset(name for name, kind in DRAFTERS.items() if kind.scope == "slot")
 
 
 class ServerState:
-    """What one llama-server keeps across the requests of a file: `slot(rec)` is the state dict to
-    trace `rec` with (its slot's, sharing the server-wide entries). `close()` frees the slots'
-    contexts (loop/loop.py HeldMemory)."""
+    """What one llama-server keeps across the requests of a file: `slot(rec)` is the SlotState to trace
+    `rec` with (its slot's, over the one ServerWide). `close()` frees the slots' memory."""
 
     def __init__(self, n_parallel: int | None = None) -> None:
         self.n_parallel = n_parallel
-        self._shared: dict = {}
-        self._slots: dict[int | None, _SlotState] = {}
+        self.server = ServerWide()
+        self._slots: dict[int | None, SlotState] = {}
 
-    def slot(self, rec: Record) -> dict:
+    def slot(self, rec: Record) -> SlotState:
         sid = rec.slot_id(self.n_parallel)
         if sid not in self._slots:
-            self._slots[sid] = _SlotState(self._shared)
+            self._slots[sid] = SlotState(self.server)
         return self._slots[sid]
 
     def close(self) -> None:
         for slot in self._slots.values():
-            held = slot.pop(MEMORY, None)
-            if held is not None:
-                held.close()
+            slot.close()
 
     def __enter__(self) -> "ServerState":
         return self

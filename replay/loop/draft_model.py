@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from replay.builds.loop_shapes import Era
+from replay.loop.state import SlotState
 from replay.numerics.rng import DRAFT_SEED_XOR
 from replay.runtime.binding import L
 from replay.runtime.llama import Context, Model
@@ -35,7 +36,6 @@ from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingPar
 DRAFT_TOP_K = 10  # common/speculative.cpp:273-281
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # common/speculative.cpp:30
 VOCAB_CHECK_START_TOKEN_ID = 5  # common/speculative.cpp:31
-RETUNE = "draft-simple retune"  # the slot's (temp, seed) of the draft sampler's last retune
 
 
 def compatibility(target: Model, draft: Model) -> str | None:
@@ -58,14 +58,14 @@ def compatibility(target: Model, draft: Model) -> str | None:
 
 @dataclass
 class DraftContext:
-    """The draft model and its context (the slot's, owned by the loop's HeldMemory) for one request."""
+    """The draft model and its context (the slot's memory owns it) for one request."""
 
     model: Model
     ctx: Context
     era: Era
     temp: float
     seed: int
-    slot: dict = field(default_factory=dict)  # server state of this slot (RETUNE)
+    slot: SlotState = field(default_factory=SlotState)  # what the slot keeps: its draft sampler's last retune
 
     def drafter(self, spec) -> "DraftSimple":
         return DraftSimple(self, spec)
@@ -91,8 +91,8 @@ class DraftSimple:
         drafts probabilistically, else as the slot's last retune left it (module docstring)."""
         slot = self.source.slot
         if self.probabilistic:
-            slot[RETUNE] = (self.source.temp, self.source.seed)  # spec_retune (:35-70)
-        tuned = slot.get(RETUNE) if self.probabilistic_server else None
+            slot.retune = (self.source.temp, self.source.seed)  # spec_retune (:35-70)
+        tuned = slot.retune if self.probabilistic_server else None
         if tuned is None:
             return SamplerChain(self.source.model, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K,
                                                                   seed=LLAMA_DEFAULT_SEED),

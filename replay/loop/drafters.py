@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from replay.loop.replayable import PRIORITY
+from replay.loop.state import SlotState
 from replay.numerics.stdmap import StdIntMap
 
 
@@ -394,7 +395,11 @@ class DrafterKind:
     request (per slot, or server-wide for ngram-mod: docs/server-loop.md, fact 5)."""
 
     make: Callable[[Any, Any], Drafter]  # (SpecConfig, DraftModel | None) -> Drafter
-    persists: bool
+    scope: str  # how long its state lives: "request", "slot" or "server" (loop/state.py)
+
+    @property
+    def persists(self) -> bool:
+        return self.scope != "request"
 
 
 def _draft_simple(spec, draft_model) -> Drafter:
@@ -403,34 +408,38 @@ def _draft_simple(spec, draft_model) -> Drafter:
 
 
 DRAFTERS: dict[str, DrafterKind] = {
-    "ngram-simple": DrafterKind(lambda s, _: NgramSimple(s.ngram_simple_size_n, s.ngram_simple_size_m), False),
+    "ngram-simple": DrafterKind(lambda s, _: NgramSimple(s.ngram_simple_size_n, s.ngram_simple_size_m), "request"),
     "ngram-map-k": DrafterKind(lambda s, _: NgramMap(True, s.ngram_map_k_size_n, s.ngram_map_k_size_m,
-                                                     s.ngram_map_k_min_hits), True),
+                                                     s.ngram_map_k_min_hits), "slot"),
     "ngram-map-k4v": DrafterKind(lambda s, _: NgramMap(False, s.ngram_map_k4v_size_n, s.ngram_map_k4v_size_m,
-                                                       s.ngram_map_k4v_min_hits), True),
-    "ngram-mod": DrafterKind(lambda s, _: NgramMod(s.ngram_mod_n_match, s.ngram_mod_n_max, s.ngram_mod_n_min), True),
-    "ngram-cache": DrafterKind(lambda s, _: NgramCache(), True),
-    "draft-simple": DrafterKind(_draft_simple, False),
+                                                       s.ngram_map_k4v_min_hits), "slot"),
+    "ngram-mod": DrafterKind(lambda s, _: NgramMod(s.ngram_mod_n_match, s.ngram_mod_n_max, s.ngram_mod_n_min), "server"),
+    "ngram-cache": DrafterKind(lambda s, _: NgramCache(), "slot"),
+    "draft-simple": DrafterKind(_draft_simple, "request"),
 }
 assert set(DRAFTERS) == set(PRIORITY)
 
 
-def make_drafters(spec, *, draft_model=None, server_state: dict | None = None, map_cleanup: str = "new") -> list[Drafter]:
+def make_drafters(spec, *, draft_model=None, state: SlotState | None = None, map_cleanup: str = "new") -> list[Drafter]:
     """The drafters of `spec.spec_types` in the server's priority order. Drafters whose state outlives
-    a request are kept in `server_state` (pass the same dict for consecutive requests to one server).
-    `map_cleanup` is the era's n-gram map cleanup rule (builds/loop_shapes.py)."""
-    state = server_state if server_state is not None else {}
+    a request are kept in the slot's `state` (per slot, or server-wide: DrafterKind.scope); pass the
+    same state for consecutive requests to one slot. `map_cleanup` is the era's n-gram map cleanup
+    rule (builds/loop_shapes.py)."""
+    state = state if state is not None else SlotState()
     out = []
     for t in PRIORITY:
         if t not in spec.spec_types:
             continue
         kind = DRAFTERS[t]
         if kind.persists:
-            if t not in state:
-                state[t] = kind.make(spec, draft_model)
-                if hasattr(state[t], "old_cleanup"):
-                    state[t].old_cleanup = map_cleanup == "old"
-            out.append(state[t])
+            out.append(state.drafter(t, kind.scope, lambda kind=kind: _made(kind, spec, draft_model, map_cleanup)))
         else:
             out.append(kind.make(spec, draft_model))
     return out
+
+
+def _made(kind: DrafterKind, spec, draft_model, map_cleanup: str) -> Drafter:
+    d = kind.make(spec, draft_model)
+    if hasattr(d, "old_cleanup"):
+        d.old_cleanup = map_cleanup == "old"
+    return d

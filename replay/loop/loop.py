@@ -34,13 +34,14 @@ from replay.builds.loop_shapes import Era
 from replay.errors import TranscriptError
 from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
 from replay.loop.drafters import Drafter, make_drafters
+from replay.loop.state import SlotState
 from replay.loop.replayable import check_replayable
 from replay.loop.verify import match_continues, rejection_step
 from replay.numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
 from replay.numerics.server_probs import pre_sampling
-from replay.runtime.llama import Context, Model
+from replay.runtime.llama import Model
 from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampling
-from replay.schedule.memory import SlotMemory, checkpoint_rules
+from replay.schedule.memory import SlotConfig
 from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS, MessageSpans
 from replay.settings.sampling import Effective
@@ -132,8 +133,8 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """The contexts' states a step saves before drafting on a target whose memory cannot drop a
+class SpecCheckpoint:
+    """The slot's spec_ckpt (server-context.cpp:3205-3304): the contexts' states a step saves before drafting on a target whose memory cannot drop a
     suffix (recurrent and hybrid models: :3281-3299), to go back to after a partial acceptance; None
     for a context that can drop one."""
 
@@ -169,52 +170,19 @@ def drafts_counted(n_accepted: int, replay: bool) -> int:
     return n_accepted - 1 if replay and n_accepted > 0 else n_accepted
 
 
-MEMORY = "slot memory"  # the server-state key of a slot's HeldMemory
-
-
-@dataclass
-class HeldMemory:
-    """A slot's contexts and checkpoints, kept across the requests of one server (SpeculativeLoop)."""
-
-    key: tuple  # the configuration they were made for
-    memory: SlotMemory
-    ckpt_tgt: bool  # the target's memory cannot drop a suffix (verify batches are checkpointed)
-    ckpt_dft: bool
-
-    @staticmethod
-    def make(key: tuple, target: Model, ctx_kw: dict, draft_model: Model | None, draft_kw: dict,
-             checkpoints: tuple[int, int | None], swa_full: bool, build: int | None) -> "HeldMemory":
-        ctx = Context(target, **ctx_kw)
-        ckpt_tgt = not ctx.removes_suffixes()
-        dctx = Context(draft_model, **draft_kw) if draft_model is not None else None
-        ckpt_dft = dctx is not None and not dctx.removes_suffixes()
-        rules = checkpoint_rules(target, not ckpt_tgt, n_ctx_checkpoints=checkpoints[0], min_step=checkpoints[1],
-                                 swa_full=swa_full, build=build)
-        return HeldMemory(key, SlotMemory(ctx, rules, n_swa=0 if swa_full else target.n_swa, draft=dctx),
-                          ckpt_tgt, ckpt_dft)
-
-    def close(self) -> None:
-        for c in (self.memory.draft, self.memory.ctx):
-            if c is not None:
-                c.close()
-
-
 class SpeculativeLoop:
     """Iterate the server's steps for one request; `emitted` grows as steps run.
 
-    `server_state` carries what outlives a request on one server: drafter state (ngram-mod's
-    table, the n-gram maps: docs/server-loop.md, fact 5) and the slot's memory (its contexts,
-    their KV and the slot's checkpoints: `HeldMemory`), which a request that reuses the prompt
-    cache continues from (`cached`: the response's timings.cache_n). Pass the same dict for
-    consecutive requests to one slot; commands/trace_state.py closes the memory.
+    `slot_state` is what the request's slot kept from earlier requests (loop/state.py: its drafters' tables,
+    its draft sampler's last retune, its memory), which a request that reused the prompt cache
+    continues from (`cached`: the response's timings.cache_n). Pass the same SlotState for consecutive
+    requests to one slot (commands/trace_state.py gives each slot its own and frees their memory);
+    without one the loop runs on a fresh slot and frees what it made.
     """
 
-    def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era, n_ctx: int,
-                 draft_model: Model | None = None, n_probs: int = 0, threads: int = 2, n_batch: int = 2048,
-                 n_ubatch: int = 512, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
-                 swa_full: bool = False, server_state: dict | None = None, kv: tuple[int, bool] = (1, False),
-                 checkpoints: tuple[int, int | None] = (32, None), spans: MessageSpans = NO_SPANS,
-                 build: int | None = None, cached: int | None = None):
+    def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era,
+                 slot_config: SlotConfig, draft_model: Model | None = None, n_probs: int = 0,
+                 slot_state: SlotState | None = None, spans: MessageSpans = NO_SPANS, cached: int | None = None):
         check_replayable(spec, era, has_draft_model=draft_model is not None)
         self.era = era
         params = settings.params
@@ -222,25 +190,44 @@ class SpeculativeLoop:
             raise TranscriptError("the request has no fixed seed (seed -1): the server drew a random one, so the "
                                   "run cannot be reproduced; record with an explicit \"seed\"")
         self.target, self.params = target, params
-        self.limits = Limits(n_ctx=n_ctx, n_predict=settings.n_predict, stop=settings.stop)
+        self.limits = Limits(n_ctx=slot_config.n_ctx, n_predict=settings.n_predict, stop=settings.stop)
         self.prompt = list(prompt)
         self.n_probs = max(n_probs, 1)
         self.notes: list[str] = []
-        ctx_kw = dict(n_ctx=n_ctx, n_batch=min(n_batch, n_ctx), n_ubatch=n_ubatch, n_threads=threads,
-                      flash_attn=flash_attn, swa_full=swa_full, n_seq_max=kv[0], kv_unified=kv[1])
-        # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types,
-        # -ctkd/-ctvd (common_base_params_to_speculative, common/speculative.cpp:2527-2560)
-        draft_kw = dict(ctx_kw, type_k=spec.draft_cache_type_k,
-                        type_v=spec.draft_cache_type_v)
-        ctx_kw.update(type_k=type_k, type_v=type_v)
         self.spans, self.cached = spans, cached
-        self.checkpoint = Checkpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
+        self.checkpoint = SpecCheckpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
         self.pending: PendingReplay | None = None
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
         self.rejection_mode = era.rejection and params.temp > 0
         self.chain = SamplerChain(target, params, settings.grammar, suppress_tokens=era.suppress_tokens,
                                   single_draw=era.single_draw)
         self.rng = MT19937((params.seed ^ REJECTION_SEED_XOR) & 0xFFFFFFFF)  # common/sampling.cpp:440
+        types, draft_model = self._drafting(spec, era, target, draft_model)
+        self.owns_memory = slot_state is None
+        self.state = state = slot_state if slot_state is not None else SlotState()
+        # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types, -ctkd/-ctvd
+        draft_types = (spec.draft_cache_type_k, spec.draft_cache_type_v)
+        key = (str(target.path), slot_config, str(draft_model.path) if draft_model is not None else None, draft_types)
+        self.memory, self.continued = state.memory_for(key, lambda: slot_config.open(target, draft_model, draft_types))
+        self.ctx = self.memory.ctx
+        # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
+        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
+        self.ckpt_tgt = not self.memory.target_removes
+        self.ckpt_dft = self.memory.draft is not None and not self.memory.draft_removes
+        self.draft_ctx = (DraftContext(draft_model, self.memory.draft, era, params.temp, params.seed, state)
+                          if draft_model is not None else None)
+        self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft_ctx,
+                                                     state=state, map_cleanup=era.map_cleanup)
+        self.emitted: list[Emitted] = []
+        self.text = b""
+        self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
+        self.sampled = -1
+        self.alive = True
+        self.n_draft = 0
+        self.n_accepted = 0
+
+    def _drafting(self, spec, era: Era, target: Model, draft_model: Model | None) -> tuple[list[str], Model | None]:
+        """The speculative types the server drafted with, and its draft model, as it would take them."""
         types = [t for t in spec.spec_types if t != "none"]
         if era.md_auto_draft and draft_model is not None and "draft-simple" not in types:
             # b9246..b9453: "'draft' speculative type is not explicitly enabled - enabling it"
@@ -251,46 +238,20 @@ class SpeculativeLoop:
             # the server logs "the target and draft vocabs are not compatible" and speculates not at all
             self.notes.append(f"the server cannot draft with {draft_model.path.name} ({why}), so it ran without "
                               "speculation (common_speculative_are_compatible); so does this trace")
-            types, draft_model = [], None
-        elif not types:
+            return [], None
+        if not types:
             self.notes.append("no speculative type: the server did not speculate (from b9464 it speculates only "
                               "with --spec-type; -md alone loads the draft and never drafts); traced without drafting")
-        slot = server_state if server_state is not None else {}
-        key = (str(target.path), tuple(sorted(ctx_kw.items())), str(draft_model.path) if draft_model is not None else None,
-               tuple(sorted(draft_kw.items())), checkpoints, build)
-        held = slot.get(MEMORY)
-        self.continued = held is not None and held.key == key
-        if not self.continued:
-            if held is not None:
-                held.close()
-            held = HeldMemory.make(key, target, ctx_kw, draft_model, draft_kw, checkpoints, swa_full, build)
-            if server_state is not None:
-                slot[MEMORY] = held
-        self.held, self.owns_memory = held, server_state is None
-        self.memory, self.ctx = held.memory, held.memory.ctx
-        # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
-        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
-        self.ckpt_tgt, self.ckpt_dft = held.ckpt_tgt, held.ckpt_dft
-        self.draft_ctx = (DraftContext(draft_model, held.memory.draft, era, params.temp, params.seed, slot)
-                          if draft_model is not None else None)
-        self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft_ctx,
-                                                     server_state=slot, map_cleanup=era.map_cleanup)
-        self.emitted: list[Emitted] = []
-        self.text = b""
-        self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
-        self.sampled = -1
-        self.alive = True
-        self.n_draft = 0
-        self.n_accepted = 0
+        return types, draft_model
 
     def close(self) -> None:
-        """Free the request's samplers; the slot's memory stays with the server state (HeldMemory)."""
+        """Free the request's samplers; the slot's memory stays with its SlotState (freed here if the loop made it)."""
         self.chain.close()
         for d in self.drafters:
             if isinstance(d, DraftSimple):
                 d.close()
         if self.owns_memory:
-            self.held.close()
+            self.state.close()
 
     def steps(self) -> Iterator[Step]:
         yield self.prefill()
@@ -385,7 +346,7 @@ class SpeculativeLoop:
         dft_state = self.draft_ctx.ctx.save_partial() if self.draft_ctx is not None and self.ckpt_dft else None
         draft, drafter, q = self.draft_tokens(pos0, dft_state)
         self.n_draft += len(draft)
-        self.checkpoint = Checkpoint(self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)
+        self.checkpoint = SpecCheckpoint(self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)
         return draft, drafter, q
 
     def verify(self, draft: list[int], q: list | None, *, replay: bool) -> tuple[str, Verified]:

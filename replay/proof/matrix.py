@@ -12,6 +12,7 @@ from replay.commands.record import RequestItem, record_one
 from replay.commands.recover import recover_records
 from replay.commands.trace import Drafts, trace_record
 from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.loop.state import SlotState
 from replay.runtime.llama import Model
 from replay.transcripts.entries import record_entries
 from replay.transcripts.readers import read_text
@@ -79,11 +80,11 @@ def run_config(cfg: Config, bins, target: Path, draft: Path, seeds: range = SEED
     out = {"records": len(records), "reproduced": 0, "drafted": 0, "accepted": 0, "divergences": [],
            "max_diff": None, "compared": 0, "mismatch": 0}
     model = Model(target)
+    state = SlotState()  # a one-slot server: ngram-mod's table and the slot's memory live as long as it
     try:
-        state: dict = {}
         drafts = Drafts()
         for rec in records:
-            res = trace_record(rec, model, server_state=state, drafts=drafts)
+            res = trace_record(rec, model, slot_state=state, drafts=drafts)
             out["reproduced"] += bool(res.reproduced)
             out["drafted"] += res.draft_n
             out["accepted"] += res.draft_n_accepted
@@ -104,5 +105,6 @@ def run_config(cfg: Config, bins, target: Path, draft: Path, seeds: range = SEED
             worst, out["compared"] = max(worst, w), out["compared"] + n
         out["max_diff"] = worst
     finally:
+        state.close()
         model.close()
     return out

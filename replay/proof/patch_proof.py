@@ -27,6 +27,7 @@ from replay.commands.trace import Drafts, trace_record
 from replay.comparison.values import DEFAULT_TOLERANCE
 from replay.llamacpp.build import Binaries
 from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.loop.state import SlotState
 from replay.runtime.llama import Model
 from replay.transcripts.entries import SentEntry, record_entries
 from replay.transcripts.format import ENDPOINTS, dumps
@@ -183,7 +184,7 @@ def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, see
                     LlamaServer(setup.server(speculate=False), binary=plain.server) as ref:
                 if progress:
                     progress(f"{setup.name}: servers on {srv.kernels.describe()}")
-                server_state: dict = {}  # ngram-mod's table lives as long as the server
+                slot_state = SlotState()  # one slot: ngram-mod's table and the slot's memory live as long as the server
                 for endpoint in setup.endpoints:
                     for stream in (False, True):
                         for mode in MODES:
@@ -192,19 +193,20 @@ def check_values(patched: Binaries, plain: Binaries, setups: list[Setup], *, see
                                 progress(f"{setup.name}: {endpoint} {'stream' if stream else 'non-stream'} {mode}")
                             for seed in seeds:
                                 body = setup.body(endpoint, seed, stream=stream, mode=mode, n_probs=n_probs)
-                                _check_one(row, setup, _record(srv, setup, endpoint, body), target, server_state,
+                                _check_one(row, setup, _record(srv, setup, endpoint, body), target, slot_state,
                                            drafts, ref, body, tree)
                             row.seeds = len(seeds)
                             rows.append(row)
+                slot_state.close()
     finally:
         for m in models.values():
             m.close()
     return rows
 
 
-def _check_one(row: Row, setup: Setup, rec: Record, target: Model, server_state: dict, drafts: Drafts,
+def _check_one(row: Row, setup: Setup, rec: Record, target: Model, slot_state: SlotState, drafts: Drafts,
                ref: LlamaServer, body: dict, tree: Path) -> None:
-    res = trace_record(rec, target, server_state=server_state, drafts=drafts, source=tree)
+    res = trace_record(rec, target, slot_state=slot_state, drafts=drafts, source=tree)
     seed = body["seed"]
     if not res.reproduced:
         row.problems.append(f"seed {seed}: trace did not reproduce the server (token {res.first_divergence})")

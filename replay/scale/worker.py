@@ -119,7 +119,7 @@ class Evaluator:
                 emit("start", k)
                 rec = self.records[k]
                 res = trace_record(rec, self.target, flags=self.flags, build=opts.build,
-                                   source=opts.source and Path(opts.source), server_state=state.slot(rec),
+                                   source=opts.source and Path(opts.source), slot_state=state.slot(rec),
                                    drafts=self.drafts, renamed=opts.renamed, shared=shared.get(rec.index))
                 emit("done", Traced(k, res.lighten()))
 

@@ -15,13 +15,14 @@ before the batch it precedes (:3884-3885).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-from replay.builds.prompt_rules import rules_of_build
+from replay.builds.prompt_rules import BuildRules, rules_of_build
 from replay.errors import ModelError, TranscriptError
 from replay.runtime.llama import Context, Model
 from replay.schedule.prefix import Prefix
 from replay.schedule.prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
+from replay.settings.config import context_size, kv_layout, thread_count
 
 
 @dataclass
@@ -62,11 +63,66 @@ def min_step_given(cfg) -> int | None:
     return None if cfg.sources.get("checkpoint_min_step", "default") == "default" else cfg.checkpoint_min_step
 
 
-class SlotMemory:
-    """One slot's memory: contexts (not owned), the slot's checkpoints, and the request counter."""
+@dataclass(frozen=True)
+class SlotConfig:
+    """How llama-server made a slot's target context and when it checkpoints it, from its context flags
+    (settings.ContextConfig), how its slots were asked for (the transcript's flags: kv_layout) and its
+    build (the prompt rules: builds/prompt_rules.py). Equal configs make equal slots: a made slot is
+    kept while the config stays the same (recover's Recoverer, trace's slot state)."""
 
-    def __init__(self, ctx: Context, rules: CheckpointRules, *, n_swa: int, draft: Context | None = None):
+    n_ctx: int
+    n_batch: int  # -b, at most n_ctx (the server's context takes min(n_batch, n_ctx))
+    n_ubatch: int
+    threads: int
+    flash_attn: str
+    type_k: str
+    type_v: str
+    swa_full: bool
+    n_seq_max: int
+    kv_unified: bool
+    n_ctx_checkpoints: int
+    min_step: int | None  # --checkpoint-min-step when given, else None: the build's default
+    rules: BuildRules
+    build: int | None = field(default=None, compare=False)  # for reports; `rules` is what decides
+
+    @staticmethod
+    def of(cfg: Any, recorded: Mapping[str, Any] | None = None, build: int | None = None) -> "SlotConfig":
+        """From a ContextConfig, the transcript's server flags and the server's build number (None: unknown)."""
+        n_ctx = context_size(cfg)
+        n_seq_max, unified = kv_layout(cfg, recorded)
+        return SlotConfig(n_ctx, min(cfg.n_batch, n_ctx), cfg.n_ubatch, thread_count(cfg), cfg.flash_attn,
+                          cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full, n_seq_max, unified, cfg.n_ctx_checkpoints,
+                          min_step_given(cfg), rules_of_build(build), build)
+
+    def context(self, model: Model, type_k: str | None = None, type_v: str | None = None) -> Context:
+        """A context for `model` made as the server makes the slot's; the draft model's takes its own KV
+        types (-ctkd/-ctvd: common_base_params_to_speculative, common/speculative.cpp:2527-2560)."""
+        return Context(model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_threads=self.threads,
+                       flash_attn=self.flash_attn, type_k=type_k or self.type_k, type_v=type_v or self.type_v,
+                       swa_full=self.swa_full, n_seq_max=self.n_seq_max, kv_unified=self.kv_unified)
+
+    def open(self, target: Model, draft: Model | None = None,
+             draft_types: tuple[str, str] = ("f16", "f16")) -> "SlotMemory":
+        """A fresh slot: the target's context (and the draft model's), with the checkpoint rules of the
+        target's memory. The slot owns its contexts (SlotMemory.close)."""
+        ctx = self.context(target)
+        removes = ctx.removes_suffixes()
+        dctx = self.context(draft, *draft_types) if draft is not None else None
+        rules = checkpoint_rules(target, removes, n_ctx_checkpoints=self.n_ctx_checkpoints,
+                                 min_step=self.min_step, swa_full=self.swa_full, build=self.build)
+        return SlotMemory(ctx, rules, n_swa=0 if self.swa_full else target.n_swa, draft=dctx,
+                          removes=(removes, dctx is None or dctx.removes_suffixes()))
+
+
+class SlotMemory:
+    """One slot's memory: its contexts (SlotConfig.open makes them; close() frees them), the slot's
+    checkpoints, and the request counter."""
+
+    def __init__(self, ctx: Context, rules: CheckpointRules, *, n_swa: int, draft: Context | None = None,
+                 removes: tuple[bool, bool] = (True, True)):
         self.ctx, self.draft, self.rules, self.n_swa = ctx, draft, rules, n_swa
+        # can the target's (the draft's) memory drop a suffix (Context.removes_suffixes, asked once when made)?
+        self.target_removes, self.draft_removes = removes
         self.checkpoints: list[Checkpoint] = []
         self.task = 0
         self.last_batches: list[PromptBatch] = []  # the batches of the last prompt prefilled
@@ -75,6 +131,11 @@ class SlotMemory:
     def tokens(self) -> list[int]:
         """The tokens in the slot's memory, by position."""
         return self.ctx.kv_tokens
+
+    def close(self) -> None:
+        for c in (self.draft, self.ctx):
+            if c is not None:
+                c.close()
 
     def reset(self) -> None:
         """An empty slot (a fresh server, or a slot whose history is unknown)."""

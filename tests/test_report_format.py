@@ -7,6 +7,8 @@ import json
 import math
 import re
 
+import pytest
+
 from cli_helpers import run
 
 from replay.llamacpp.models import tiny_draft, tiny_target
@@ -105,3 +107,20 @@ def test_recover_writes_a_report_whose_probe_distance_is_inf(tmp_path, monkeypat
     assert r.exit_code == 0, r.output
     for text in ((tmp_path / "r.json").read_text(), r.stdout):
         assert json.loads(text)["records"][0]["numerics"]["cpu"]["probes"]["piledriver"] == "inf"
+
+
+@pytest.mark.parametrize("shared,kernels,slots,kind", [
+    ("a 4-slot server (/props total_slots)", None, 4, "batch composition"),
+    (None, "the server computed on a GPU", None, "kernels"),  # unknown slots: still only kernels
+    ("it ran at the same time as record 2 (their created and timings overlap)", "the server computed on a GPU", 1,
+     "batch composition and kernels"),  # overlapping records on a server that says one slot
+])
+def test_numerics_cause_names_the_evidence_its_text_gives(shared, kernels, slots, kind):
+    """numerics.cause and numerics.why come from the same evidence; the name was once re-derived from
+    the slot count and could contradict the text (kernels on an unknown slot count read "batch
+    composition and kernels")."""
+    from replay.comparison.values import numerics_cause, numerics_kind
+    rec = RecordReport("t.json", 1, "/completion", False, "logprob", 3, slots=slots, kernels=kernels,
+                       cause=numerics_cause(shared, kernels), cause_kind=numerics_kind(shared, kernels), batched=True)
+    num = rec.to_json()["numerics"]
+    assert num["cause"] == kind and num["why"] == numerics_cause(shared, kernels)

@@ -22,6 +22,7 @@ from replay.comparison.values import (
     compare,
     judge_numerics,
     numerics_cause,
+    numerics_kind,
 )
 from replay.errors import Unaligned, located
 from replay.evaluation.walk import PieceIndex, Truth, truths
@@ -113,7 +114,7 @@ class Recoverer:
         an evaluator did before cannot change what it computes next."""
         self._exact_upto = 0
 
-    def _server_flags(self, rec: Record) -> dict[str, Any]:
+    def _flags_as_spelled(self, rec: Record) -> dict[str, Any]:
         """The record's server flags by flag name, ours (given on the command line) over the recorded ones."""
         return {**(rec.flags or {}), **{BY_ATTR[a].flag: v for a, v in self.flags.items() if a in BY_ATTR}}
 
@@ -160,7 +161,7 @@ class Recoverer:
         read = self._read(rec)
         run = self._evaluate(read)
         outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative)
-        backend = server_backend(self._server_flags(rec), self.options.server_backend)
+        backend = server_backend(self._flags_as_spelled(rec), self.options.server_backend)
         kernels = kernels_differ(backend, self.backend)
         cpu = self.options.cpu
         if cpu is not None and cpu.how in ("nearest", "unknown") and kernels is None:
@@ -199,11 +200,12 @@ class Recoverer:
             reused_prompt_tokens=run.prefix.keep, prefix=run.prefix.how, prefix_note=run.prefix.note,
             settings=read.settings.describe(), slots=read.slots, shape=read.shape, replay_backend=self.backend.name,
             libllama=library_in_use(), server_backend=backend,
-            kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause, weighted_diff=weighted,
+            kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause,
+            cause_kind=numerics_kind(read.shared, kernels), weighted_diff=weighted,
             first_diff=apart.first, bound=self.options.batch_bound,
             judged_by=None if not batched else "option" if (
                 read.shared == "--shared-batches" or (self.options.server_backend is not None and
-                                                       server_backend(self._server_flags(rec), None) == "CPU")
+                                                       server_backend(self._flags_as_spelled(rec), None) == "CPU")
             ) else "evidence", identity=[c.to_json() for c in read.identity],
             model_file=self.model.path.name,
             batched=batched, schedule=run.schedule)

@@ -220,7 +220,7 @@ def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | Non
     assumed = noise is None
     noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
     p = settings.params
-    rejection = e.how in ("accepted", "residual")
+    rejection = e.chosen in ("rejection accepted", "rejection resampled")
     greedy = not rejection and p.temp <= 0 and p.mirostat == 0 and "temperature" in p.samplers
     sampled = not (rejection or greedy) and p.mirostat == 0 and "adaptive_p" not in p.samplers and e.cands is not None
     reported = set() if i >= len(sent) or sent[i].is_placeholder else \

@@ -212,6 +212,18 @@ def numerics_cause(shared: str | None, kernels: str | None) -> str | None:
     return "; ".join(causes) or None
 
 
+def numerics_kind(shared: str | None, kernels: str | None) -> str | None:
+    """The report's one-word-ish name of numerics_cause, from the same evidence (numerics.cause in the JSON).
+
+    >>> numerics_kind("a 4-slot server", None), numerics_kind(None, "a GPU"), numerics_kind("x", "a GPU")
+    ('batch composition', 'kernels', 'batch composition and kernels')
+    >>> numerics_kind(None, None) is None
+    True
+    """
+    kinds = (["batch composition"] if shared else []) + (["kernels"] if kernels else [])
+    return " and ".join(kinds) or None
+
+
 @dataclass(frozen=True)
 class Disagreement:
     """How far a record's real values are from the replay's, weighted by probability

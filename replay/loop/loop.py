@@ -68,7 +68,10 @@ class Emitted:
     # its row (1-based), that pass's candidates (ids and p, in order), and the verifier's rule
     draw: int = 0
     cands: np.ndarray | None = field(default=None, repr=False)
-    how: str = "sampled"  # "sampled" | "accepted" (a draft token kept by rejection) | "residual"
+    # "drawn" (the target chain's own draw: a normal step, sample-and-match, a bonus), "replayed" (a restored
+    # step's kept token), "rejection accepted" (a draft token the rejection rule kept), "rejection resampled"
+    # (drawn from the residual in place of the first draft token it rejected): verify.py's words
+    chosen: str = "drawn"
     # the row's BEST_KEPT largest raw logits (and its own): a near tie at temperature 0, or a token the
     # trace's chain cut that the server's kept within the numeric difference (comparison/divergence.py)
     best_logits: dict[int, float] = field(default_factory=dict, repr=False)
@@ -105,7 +108,7 @@ class Verified:
 
     ids: list[int] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)  # the verify row that scored each of `ids`
-    how: list[tuple[int, str]] = field(default_factory=list)  # (chain pass, rule) that chose each of `ids`
+    chosen: list[tuple[int, str]] = field(default_factory=list)  # (chain pass, Emitted.chosen) of each of `ids`
     target_p: list[float] = field(default_factory=list)
     uniforms: list[list[float | None]] = field(default_factory=list)
     resampled: int | None = None
@@ -278,7 +281,7 @@ class SpeculativeLoop:
         self.chain.accept(tok)
         self.kv = list(self.prompt)
         self.sampled = tok
-        self.alive = self.emit(tok, 0, logits, cands, n_before=0, n_step=1, how=(draw, "sampled"))
+        self.alive = self.emit(tok, 0, logits, cands, n_before=0, n_step=1, chosen=(draw, "drawn"))
         return Step(index=0, pos0=n_prompt, sampled=tok, rule="normal", emitted=[tok])
 
     def reuse(self) -> Prefix:
@@ -334,9 +337,9 @@ class SpeculativeLoop:
         self.kv += [sampled] + v.ids[:-1]
         self.sampled = v.ids[-1]
         n_before = len(self.emitted)
-        for tok, (logits, cands), how in zip(v.ids, v.rows, v.how):
+        for tok, (logits, cands), chosen in zip(v.ids, v.rows, v.chosen):
             step.emitted.append(tok)
-            if not self.emit(tok, index, logits, cands, n_before=n_before, n_step=len(v.ids), how=how):
+            if not self.emit(tok, index, logits, cands, n_before=n_before, n_step=len(v.ids), chosen=chosen):
                 self.alive = False
                 break  # the rest of this step's tokens are dropped
         return step
@@ -416,7 +419,7 @@ class SpeculativeLoop:
                                  lambda: canonical_float(self.rng))
             v.target_p.append(dec.p)
             v.uniforms.append([dec.u_accept, dec.u_residual])
-            self._keep(v, dec.token, logits, cands, "accepted" if dec.accepted else "residual")
+            self._keep(v, dec.token, logits, cands, "rejection accepted" if dec.accepted else "rejection resampled")
             if not dec.accepted:
                 v.resampled = dec.token
                 return v
@@ -434,7 +437,7 @@ class SpeculativeLoop:
             self.chain.accept(d_tok)
             v.ids.append(d_tok)
             v.rows.append((logits, cands))
-            v.how.append((draw, "replayed"))
+            v.chosen.append((draw, "replayed"))
             v.target_p.append(post_sampling(cands, d_tok, 0)[0])
         self._bonus(v, len(draft), bonus=True)
         return v
@@ -462,7 +465,7 @@ class SpeculativeLoop:
             self.draft_ctx.ctx.seq_rm(0, keep, -1)
 
     def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray, *, n_before: int,
-             n_step: int, how: tuple[int, str] = (0, "sampled")) -> bool:
+             n_step: int, chosen: tuple[int, str] = (0, "drawn")) -> bool:
         """Record one emitted token with its verify-row values (what a server patched to report real
         probabilities sends; recover's truth is evaluation/walk.py's: docs/architecture.md, "The truth");
         False when generation stops after it
@@ -471,8 +474,8 @@ class SpeculativeLoop:
         logprob, top = pre_sampling(logits, tok, self.n_probs)
         post_p, post_top = post_sampling(cands, tok, self.n_probs)
         best = np.argpartition(logits, -BEST_KEPT)[-BEST_KEPT:] if len(logits) > BEST_KEPT else np.arange(len(logits))
-        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top, draw=how[0],
-                                    cands=cands[:CANDS_KEPT].copy(), how=how[1],
+        self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top, draw=chosen[0],
+                                    cands=cands[:CANDS_KEPT].copy(), chosen=chosen[1],
                                     best_logits={int(i): float(logits[i]) for i in best} | {tok: float(logits[tok])}))
         self.text += self.target.piece(tok, special=False)
         lim = self.limits
@@ -505,9 +508,9 @@ class SpeculativeLoop:
         p_norm = np.float32(1) / p_sum if p_sum > 0 else np.float32(1)
         return (p_raw * p_norm).astype(np.float32)
 
-    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray, how: str = "sampled") -> None:
+    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray, chosen: str = "drawn") -> None:
         """A token the verifier returns: accepted into the chain's history (common_sampler_accept)."""
-        v.how.append((self.chain.n_applies, how))
+        v.chosen.append((self.chain.n_applies, chosen))
         self.chain.accept(tok)
         v.ids.append(tok)
         v.rows.append((logits, cands))

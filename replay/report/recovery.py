@@ -43,6 +43,7 @@ class RecordReport:
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
     cpu: dict | None = None  # commands/kernel_choice.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
     cause: str | None = None  # comparison/values.py numerics_cause: why its values may differ from a one-request replay
+    cause_kind: str | None = None  # comparison/values.py numerics_kind: the same, named (numerics.cause)
     weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values
     first_diff: float | None = None  # the same of the first real entry alone (comparison/values.py Disagreement)
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
@@ -84,9 +85,7 @@ class RecordReport:
                           "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
                           "weighted_mean_diff_real": self.weighted_diff,
                           "weighted_diff_first_entry": self.first_diff,
-                          "cause": ("batch composition" if self.kernels is None else
-                                    "kernels" if self.slots == 1 else "batch composition and kernels")
-                          if self.batched else None,
+                          "cause": self.cause_kind if self.batched else None,
                           "why": self.cause if self.batched else None,
                           "judged_by": self.judged_by if self.batched else None,
                           "bound": self.bound if self.batched else None},

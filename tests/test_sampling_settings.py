@@ -155,7 +155,7 @@ def test_a_malformed_logit_bias_flag_is_a_one_line_error(bad):
 @pytest.mark.parametrize("trigger", [{"type": 0, "value": "x"}, {"type": 0, "token": None},
                                      {"type": 1, "value": 5}])
 def test_a_malformed_grammar_trigger_is_refused_by_name(trigger):
-    from replay.transcripts.request import _triggers
+    from replay.reading.settings import _triggers
     with pytest.raises(TranscriptError, match="trigger"):
         _triggers([trigger])
 

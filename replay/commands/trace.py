@@ -6,7 +6,7 @@
     trace_prompt(target, prompt, ...) -> TraceResult  the loop from scratch
 
 The server's flags resolve from ours, the transcript and its /props (settings/config.py), the
-sampling settings layer by layer (settings/sampling.py, transcripts/request.py); the loop's
+sampling settings layer by layer (settings/sampling.py, reading/settings.py); the loop's
 shape (builds/loop_shapes.py) from `--source DIR`, `--build N` or the transcript's build_info. A divergence is explained by
 comparison/divergence.py.
 """

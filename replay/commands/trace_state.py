@@ -25,11 +25,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 from replay.loop.drafters import DRAFTERS
 from replay.loop.state import ServerWide, SlotState
+from replay.reading.settings import request_settings
 from replay.settings import resolve
 from replay.transcripts.chains import Unit
 from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record
-from replay.transcripts.request import request_settings
+from replay.transcripts.request import asked
 
 SERVER_WIDE = frozenset(name for name, kind in DRAFTERS.items() if kind.scope == "server")  # ngram-mod
 PER_SLOT = frozenset(name for name, kind in DRAFTERS.items() if kind.scope == "slot")
@@ -82,7 +83,8 @@ def trace_units(records: Sequence[Record], flags: Mapping[str, Any],
         types = set(spec.spec_types)
         wide = wide or bool(types & SERVER_WIDE)
         sid = rec.slot_id(flags.get("n_parallel"))
-        temp = request_settings(rec, flags=dict(flags), model_meta=model_meta, grammar=False).params.temp
+        temp = request_settings(rec, asked(rec), flags=dict(flags), model_meta=model_meta,
+                                grammar=False).params.temp
         timings = (rec.final() or {}).get("timings")
         drafted = isinstance(timings, dict) and bool(timings.get("draft_n"))
         slot = chains.setdefault(sid, [])

@@ -10,7 +10,7 @@ runs those functions, linked from that tree, on the recorded request and the ser
 and prints the `llama_params` and the `generation_settings` the server would have produced.
 
 Thin I/O: it finds the helper of the transcript's build and runs it; what its output means is judged
-by the callers (transcripts/request.py for the grammar, tokens/prompt_ids.py for the prompt).
+by the callers (reading/settings.py for the grammar, tokens/prompt_ids.py for the prompt).
 """
 from __future__ import annotations
 

@@ -22,13 +22,18 @@ A name that is a path to a GGUF file is compared by its file name; another name 
 repo) is listed as not comparable. File type, size and parameter count are facts a renamed copy keeps,
 so they are compared whatever the names; a file the user renamed on purpose is said with
 --renamed-model, which sets the names aside and nothing else.
+
+Whatever the names say, the tokens must be the file's: every generated id within its vocabulary, and
+the pieces of the top lists the server sent equal to its own (check_vocabulary).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
-from typing import Any
+from typing import Any, Callable
 
+from replay.errors import ModelError
+from replay.transcripts.plan import Known, Plan, entry_at
 from replay.transcripts.readers import Record
 
 
@@ -154,3 +159,32 @@ def mismatch(evidence: list[Compared], option: str) -> str | None:
         return (f"the server loaded {file_name(c.recorded)} ({c.what}), {option} is {c.ours}: give the file the "
                 "server loaded (--renamed-model if it is that file renamed)")
     return None
+
+
+def check_vocabulary(rec: Record, plan: Plan, *, n_vocab: int, file: str, piece: Callable[[int], bytes],
+                     plain: Callable[[int], bytes]) -> None:
+    """Refuse a transcript from another model in one line (libllama would abort on an id outside its
+    vocabulary): every generated id must lie within the file's `n_vocab`, and the first 64 pieces of the
+    real entries' top lists must be its pieces (`piece`: with control tokens rendered; `plain`: without,
+    as the server renders them unless started with --special)."""
+    bad = next((i.id for i in plan if isinstance(i, Known) and not 0 <= i.id < n_vocab), None)
+    if bad is not None:
+        raise ModelError(f"generated token id {bad} is outside {file}'s vocabulary ({n_vocab} tokens): the "
+                         "transcript comes from another model")
+    checked = 0
+    for item in plan:
+        e = entry_at(rec, item.place)
+        if not e:
+            continue
+        for t in (e.get("top_logprobs") or e.get("top_probs") or []):
+            tid, b = t.get("id"), t.get("bytes")
+            if isinstance(tid, int) and isinstance(b, list):
+                if not 0 <= tid < n_vocab:
+                    raise ModelError(f"token id {tid} is outside {file}'s vocabulary ({n_vocab} tokens): the "
+                                     "transcript comes from another model")
+                if bytes(b) != piece(tid) and not (not b and not plain(tid)):
+                    raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but {piece(tid)!r} in {file}: "
+                                     "the transcript comes from another model")
+                checked += 1
+            if checked >= 64:
+                return

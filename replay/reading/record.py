@@ -1,28 +1,30 @@
 """One record read once, for every command that replays it (recover, diff, trace).
 
-The order is the order a user meets the errors in: the request as the server parsed it
+The order is the order a user meets the errors in: what the record says of the server's handling
+(transcripts/request.py asked), the loop shape of its build, the request as the server parsed it
 (tokens/server_view.py), its sampling settings (a flag or field the command cannot reproduce is refused
-here), the loop shape of its build, the model's identity, the generated tokens' plan and their
-vocabulary, the prompt ids. Nothing here decodes.
+here), the model's identity, the generated tokens' plan and their vocabulary, the prompt ids. Nothing
+here decodes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from replay.builds.loop_shapes import Shape, shape_for
 from replay.errors import ModelError
-from replay.reading.identity import Compared, ModelFacts, compare_model, mismatch
+from replay.reading.identity import Compared, ModelFacts, check_vocabulary, compare_model, mismatch
+from replay.reading.settings import request_settings
 from replay.runtime.llama import Model
 from replay.settings import ContextConfig, SpecConfig, resolve
 from replay.settings.sampling import Effective
 from replay.tokens.prompt_ids import prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
 from replay.transcripts.entries import drafted, n_prompt_cached
-from replay.transcripts.plan import Known, Plan, build_plan, entry_at
+from replay.transcripts.plan import Plan, build_plan
 from replay.transcripts.readers import Record
-from replay.transcripts.request import request_settings
+from replay.transcripts.request import asked
 
 Piece = Callable[[int], bytes]
 
@@ -73,19 +75,19 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
     the whole file, that its batches were shared (transcripts/concurrency.py shared_evidence), else the
     record's own. Errors: TranscriptError (cannot be replayed), ModelError (another model)."""
     piece = piece or (lambda t: model.piece(t, special=True))
-    view = server_view(rec, model.path, flags, lambda p: server_tokens(model, p), model.chat_template())
-    settings = request_settings(rec, flags=flags, model_meta=model.meta, command=command,
-                                rebuilt=view.rebuilt if view else None)
+    said = asked(rec)
     shape = shape_for(build=build, source=source, build_info=rec.server_build)
+    view = server_view(rec, said, model.path, flags, lambda p: server_tokens(model, p), model.chat_template())
+    settings = request_settings(rec, said, flags=flags, model_meta=model.meta, command=command,
+                                rebuilt=view.rebuilt if view else None)
+    plan = build_plan(rec, piece, settings.stop)
     identity = tuple(compare_model(rec, facts or ModelFacts.of(model), renamed=renamed))
     wrong = mismatch(list(identity), "-m")
     if wrong:
         raise ModelError(wrong)
-    plan = build_plan(rec, piece, settings.stop)
-    in_vocabulary([i.id for i in plan if isinstance(i, Known)], model, "generated")
-    check_vocab(rec, plan, model, piece)
+    check_vocabulary(rec, plan, n_vocab=model.n_vocab, file=model.path.name, piece=piece,
+                     plain=lambda t: model.piece(t, special=False))
     prompt = prompt_ids(rec, model, view)
-    in_vocabulary(prompt, model, "prompt")
     final = rec.final()
     notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
                                     if view is not None else [])
@@ -97,35 +99,6 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
         speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
         slots=rec.slots(flags.get("n_parallel")), shared=shared or rec.several_slots(flags.get("n_parallel")),
         identity=identity)
-
-
-def in_vocabulary(ids: Sequence[int], model: Model, what: str) -> None:
-    """Refuse ids outside the model's vocabulary in one line (libllama would abort on them)."""
-    bad = next((t for t in ids if not 0 <= t < model.n_vocab), None)
-    if bad is not None:
-        raise ModelError(f"{what} token id {bad} is outside {model.path.name}'s vocabulary ({model.n_vocab} "
-                         "tokens): the transcript comes from another model")
-
-
-def check_vocab(rec: Record, plan: Plan, model: Model, piece: Piece) -> None:
-    """Refuse a transcript from another model: its real entries' top pieces must be this model's pieces
-    (the first 64 compared)."""
-    checked = 0
-    for item in plan:
-        e = entry_at(rec, item.place)
-        if not e:
-            continue
-        for t in (e.get("top_logprobs") or e.get("top_probs") or []):
-            tid, b = t.get("id"), t.get("bytes")
-            if isinstance(tid, int) and isinstance(b, list):
-                # the server renders control tokens as nothing unless started with --special
-                if bytes(b) != piece(tid) and not (not b and not model.piece(tid, special=False)):
-                    raise ModelError(f"token {tid} is {bytes(b)!r} in the transcript but "
-                                     f"{piece(tid)!r} in {model.path.name}: the transcript comes "
-                                     "from another model")
-                checked += 1
-            if checked >= 64:
-                return
 
 
 def speculating_types(value) -> bool:

@@ -556,7 +556,7 @@ SERVER_FLAGS: tuple[ServerFlag, ...] = (
       why='default stop strings',
       source="common/arg.cpp:1891"),
     ServerFlag(names=('-sp', '--special'), value=False, recover='ignored', trace='refused',
-      why='control tokens rendered as text in content and logprob bytes; recover reads either (check_vocab), but trace matches stop strings on text without them (loop.py:533)',
+      why='control tokens rendered as text in content and logprob bytes; recover reads either (check_vocabulary), but trace matches stop strings on text without them (loop.py:533)',
       source="common/arg.cpp:1898", inert=(False,)),
     ServerFlag(names=('--warmup', '--no-warmup'), value=False, recover='ignored', trace='ignored',
       why='one empty decode at start, then the memory is cleared',

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from replay.errors import TranscriptError
+from replay.errors import ModelError, TranscriptError
 from replay.runtime.llama import Model
 from replay.schedule.prompt import NO_SPANS, MessageSpans
 from replay.schedule.spans import assistant_start_marker, user_start_marker, user_starts
@@ -49,6 +49,10 @@ def prompt_ids(rec: Record, model: Model, view: "ServerView | None" = None) -> l
     if reported is not None and reported != len(ids):
         raise TranscriptError(f"the server evaluated {reported} prompt tokens but the {how} have {len(ids)}; "
                               "record with `spec-replay record` to keep the exact ids", source=rec.source, record=rec.index)
+    bad = next((t for t in ids if not 0 <= t < model.n_vocab), None)
+    if bad is not None:  # libllama would abort on it
+        raise ModelError(f"prompt token id {bad} is outside {model.path.name}'s vocabulary ({model.n_vocab} "
+                         "tokens): the transcript comes from another model")
     return ids
 
 

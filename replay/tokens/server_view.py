@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from replay.builds.loop_shapes import build_of
 from replay.errors import TranscriptError
 from replay.llamacpp.server_request import Helper, Rendered, find_helper, render_request
 from replay.transcripts.entries import n_prompt
 from replay.transcripts.readers import CHAT, Record
-from replay.transcripts.request import builds_grammar, generation_echo
+from replay.transcripts.request import Asked
 
 LATER_S = 45 * 86400
 TZ_STEP_MIN = 15
@@ -61,12 +60,12 @@ class ServerView:
         return self.echo or {}, self.source
 
 
-def needs_view(rec: Record) -> bool:
+def needs_view(rec: Record, asked: Asked) -> bool:
     """Whether the record's prompt or grammar must come from the server's code: a chat request without
     recorded prompt ids, or a request whose grammar the server built and did not echo."""
     if rec.endpoint == CHAT and rec.prompt_ids is None:
         return True
-    return generation_echo(rec) is None and bool(builds_grammar(rec))
+    return asked.echo is None and bool(asked.grammar_from)
 
 
 def time_zones(step_min: int = TZ_STEP_MIN) -> list[str]:
@@ -117,16 +116,17 @@ def helper_flags(rec: Record, flags: Mapping | None, model_template: str | None)
     return out
 
 
-def server_view(rec: Record, model: Path | str, flags: Mapping | None, tokenize: Callable[[str], Sequence[int]],
-                model_template: str | None = None, helper: Helper | None = None) -> ServerView | None:
+def server_view(rec: Record, asked: Asked, model: Path | str, flags: Mapping | None,
+                tokenize: Callable[[str], Sequence[int]], model_template: str | None = None,
+                helper: Helper | None = None) -> ServerView | None:
     """The server's rendering of `rec` (module docstring), or None when the record needs none or no
     helper is built for its build. `tokenize` turns a prompt into the ids the server evaluated
     (add_special and parse_special, server-context.cpp:4650); `model_template` is the model file's
     own chat template (helper_flags)."""
-    if not needs_view(rec):
+    if not needs_view(rec, asked):
         return None
     if helper is None:
-        helper = find_helper(build_of(rec.server_build))
+        helper = find_helper(asked.build)
         if helper is None:
             return None
     flags = helper_flags(rec, flags, model_template)

@@ -24,7 +24,7 @@ from replay.cli.options import (
     verbose_option,
 )
 from replay.cli.render import shown
-from replay.commands.trace import TraceResult
+from replay.comparison.trace import TraceResult
 from replay.errors import ModelError, TranscriptError
 from replay.report import schema as report_json
 from replay.transcripts.concurrency import shared_evidence

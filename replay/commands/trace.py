@@ -5,6 +5,8 @@
                                                       known, else text (chunk by chunk for streams)
     trace_prompt(target, prompt, ...) -> TraceResult  the loop from scratch
 
+What the trace is compared with, and why it parts, is comparison/trace.py.
+
 The server's flags resolve from ours, the transcript and its /props (settings/config.py), the
 sampling settings layer by layer (settings/sampling.py, reading/settings.py); the loop's
 shape (builds/loop_shapes.py) from `--source DIR`, `--build N` or the transcript's build_info. A divergence is explained by
@@ -12,144 +14,34 @@ comparison/divergence.py.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Mapping, Sequence
 
 from replay.builds.loop_shapes import NEWEST, Shape, shape_for
-from replay.comparison.divergence import (
-    DEFAULT_NOISE,
-    MULTI_SLOT_NOISE,
-    Explanation,
-    admitted,
-    dist_draw,
-    explain_greedy,
-    explain_rejection,
-    explain_sampled,
-    measured_noise,
-    possibly_ahead,
+from replay.comparison.trace import (
+    TraceResult,
+    compare_with_plan,
+    drafts_differ,
+    drafts_shared,
+    explain,
+    recorded_candidates,
 )
 from replay.errors import ModelError, located
-from replay.loop.loop import Emitted, SpeculativeLoop, Step
+from replay.loop.loop import SpeculativeLoop
 from replay.loop.replayable import drafts_with_model
 from replay.loop.state import SlotState
 from replay.reading.identity import compare_draft, mismatch
 from replay.reading.record import read_record
-from replay.runtime.binding import library_in_use
 from replay.runtime.gguf import check_gguf
 from replay.runtime.llama import Model
 from replay.schedule.memory import SlotConfig, schedule_of
 from replay.schedule.prompt import NO_SPANS, MessageSpans
-from replay.settings import ContextConfig, SpecConfig, describe, resolve
+from replay.settings import ContextConfig, SpecConfig, resolve
 from replay.settings.sampling import Effective, effective, server_sampling
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
-from replay.transcripts.entries import SentEntry, record_entries
 from replay.transcripts.plan import Known, Plan
 from replay.transcripts.readers import Record
-
-
-@dataclass
-class TraceResult:
-    steps: list[Step]
-    emitted: list[Emitted]
-    pieces: list[str]
-    recorded: list[int] | None  # the transcript's generated ids (None: no transcript, or it lacks ids)
-    first_divergence: int | None
-    draft_n: int
-    draft_n_accepted: int
-    server_draft_n: int | None = None
-    server_draft_n_accepted: int | None = None
-    post: bool = False
-    server_candidates: list[tuple[int, float]] | None = None  # the transcript's top list at the divergence
-    notes: list[str] = field(default_factory=list)
-    shape: Shape | None = None  # the loop shape replayed, and why (builds/loop_shapes.py)
-    spec: Any = None  # the SpecConfig the loop ran with (its .sources say where each value came from)
-    settings: Effective | None = None  # the sampling settings, and where each came from
-    compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
-    explanation: Explanation | None = None  # why it diverged (comparison/divergence.py)
-    schedule: dict | None = None  # the prompt batches and the slot's checkpoints (schedule/), as recover reports them
-
-    @property
-    def reproduced(self) -> bool | None:
-        if self.compared is None:
-            return None
-        return self.first_divergence is None and (
-            self.server_draft_n is None or (self.server_draft_n, self.server_draft_n_accepted) ==
-            (self.draft_n, self.draft_n_accepted))
-
-    def lighten(self) -> "TraceResult":
-        """Drop what only explaining a divergence needs (each emitted token's candidate arrays and
-        largest logits: ~0.6 MB a token), once `explanation` is made; returns self."""
-        for e in self.emitted:
-            e.cands, e.best_logits = None, {}
-        return self
-
-    def to_json(self, piece: Callable[[int], str]) -> dict:
-        def top(pairs, post):
-            return [{"id": i, "piece": piece(i), "logprob": (math.log(v) if post and v > 0 else v)} for i, v in pairs]
-        return {
-            "steps": [s.to_json() for s in self.steps],
-            "emitted": [{"index": e.index, "id": e.id, "piece": self.pieces[e.index], "step": e.step,
-                         "logprob": e.logprob, "top": top(e.top, False),
-                         "post_prob": e.post_prob, "post_top": top(e.post_top, True)} for e in self.emitted],
-            "reproduced": self.reproduced, "compared": self.compared, "first_divergence": self.first_divergence,
-            "draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted,
-            "server_draft_n": self.server_draft_n, "server_draft_n_accepted": self.server_draft_n_accepted,
-            "server_candidates_at_divergence": None if self.server_candidates is None else
-            [{"id": i, "piece": piece(i), "logprob": lp} for i, lp in self.server_candidates],
-            "divergence": None if self.explanation is None else self.explanation.to_json(),
-            "notes": self.notes,
-            "libllama": library_in_use(),
-            "loop_shape": None if self.shape is None else self.shape.to_json(),
-            "settings": [{"setting": k, "value": v, "source": src} for k, v, src in self.described()],
-            "schedule": self.schedule,
-        }
-
-    def described(self) -> list[tuple[str, Any, str]]:
-        """(setting, value, source) of every server flag and sampling setting that did not come from
-        llama-server's built-in defaults."""
-        out = [(flag, list(v) if isinstance(v, tuple) else v, src) for flag, v, src in describe(self.spec)
-               if src != "default"] if self.spec is not None else []
-        if self.settings is not None:
-            out += self.settings.describe()
-        return out
-
-
-def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: bool) -> int | None:
-    """The index of the first emitted token that disagrees with the transcript, or None.
-
-    Known ids must match one for one. A gap (text without ids: a stream's speculative chunk, bytes
-    of tokens that ended in incomplete UTF-8) must be exactly the text of the next emitted tokens,
-    ending on a token boundary, so a stream is compared chunk by chunk. A stream sends nothing for
-    a final end-of-generation token, so the trace may emit one more."""
-    i = 0
-    for item in plan:
-        if isinstance(item, Known):
-            if i >= len(ids) or ids[i] != item.id:
-                return i
-            i += 1
-            continue
-        start, text = i, b""
-        while len(text) < len(item.data) and i < len(ids):
-            text += target.piece(ids[i], special=False)
-            i += 1
-        if text != item.data:
-            if item.data.startswith(text):
-                return i  # the trace ended inside the gap
-            # the first token whose bytes leave the gap's text
-            acc = b""
-            for k in range(start, i):
-                acc += target.piece(ids[k], special=False)
-                if not item.data.startswith(acc) or k == i - 1:
-                    return k
-            return start
-    if i == len(ids) or (stream and i == len(ids) - 1 and target.is_eog(ids[i])):
-        return None
-    return i
 
 
 def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
@@ -183,102 +75,7 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
                        spec=spec, settings=settings, compared=compared, schedule=schedule)
 
 
-# --- what a transcript recorded --------------------------------------------------------
-
-def real_value_pairs(res: TraceResult, sent: Sequence[SentEntry], upto: int | None = None) -> list[tuple[float, float]]:
-    """(server, trace) logprob of every real value the transcript sent (`sent`: record_entries) for a
-    token the trace emitted the same, its alternatives matched by id (the trace reports with the
-    transcript's mode), up to and including index `upto` (after a divergence the two condition on
-    different tokens)."""
-    pairs = []
-    n = len(res.emitted) if upto is None else upto + 1
-    for k, (e, s) in enumerate(zip(res.emitted[:n], sent[:n])):
-        if s.is_placeholder or (s.id != e.id and k != upto):
-            continue  # (at the divergence itself the context is the same: its alternatives compare)
-        ours = dict((i, math.log(p) if p > 0 else -math.inf) for i, p in e.post_top) if res.post else dict(e.top)
-        if s.id == e.id:
-            pairs.append((s.logprob, (math.log(e.post_prob) if e.post_prob > 0 else -math.inf) if res.post
-                          else e.logprob))
-        pairs += [(lp, ours[i]) for i, _, lp in s.top if i in ours]
-    return pairs
-
-
-def explain(res: TraceResult, rec: Record, settings: Effective, slots: int | None = None) -> Explanation | None:
-    """Numerics or the loop, at the first divergence (comparison/divergence.py). The numeric difference is
-    the largest measured on the record's real values up to the divergence. On a server that ran
-    several slots (or may have), batches shared with other requests move a position's logits by more
-    than a few reported values show: where the values that decide the divergence (the tokens possibly
-    ahead of the server's in the draw's order, and the server's own) are not all among the real
-    values the server sent for that position (a placeholder, or a short top list), at least
-    MULTI_SLOT_NOISE, the largest difference measured on real values of concurrent traffic."""
-    i = res.first_divergence
-    if i is None or i >= len(res.emitted) or res.recorded is None or i >= len(res.recorded):
-        return None
-    e, theirs = res.emitted[i], res.recorded[i]
-    sent = record_entries(rec)
-    noise = measured_noise(real_value_pairs(res, sent, upto=i))
-    assumed = noise is None
-    noise = DEFAULT_NOISE if assumed else max(noise, 1e-6)
-    p = settings.params
-    rejection = e.chosen in ("rejection accepted", "rejection resampled")
-    greedy = not rejection and p.temp <= 0 and p.mirostat == 0 and "temperature" in p.samplers
-    sampled = not (rejection or greedy) and p.mirostat == 0 and "adaptive_p" not in p.samplers and e.cands is not None
-    reported = set() if i >= len(sent) or sent[i].is_placeholder else \
-        {t for t, _, _ in sent[i].top} | {sent[i].id}
-    cands = (e.cands["id"], e.cands["p"]) if sampled else None
-    multi = slots != 1 and noise < MULTI_SLOT_NOISE and not (_decisive(e, theirs, cands, noise) <= reported)
-    if multi:
-        noise, assumed = MULTI_SLOT_NOISE, False
-    if rejection:
-        step = res.steps[e.step]
-        k = i - sum(len(s.emitted) for s in res.steps[:e.step])
-        u = step.uniforms[k][0] if k < len(step.uniforms) else None
-        q = step.draft_q[k] if step.draft_q and k < len(step.draft_q) else 0.0
-        out = explain_rejection(u, step.target_p[k] if k < len(step.target_p) else 0.0, q, noise)
-    elif greedy:
-        out = explain_greedy(e.best_logits.get(e.id, 0.0), e.best_logits.get(theirs), noise)
-    elif sampled:
-        wider = None if settings.grammar else admitted(*cands, theirs, e.best_logits, p.temp, noise)
-        if wider is None:
-            out = explain_sampled(*cands, dist_draw(p.seed, e.draw), e.id, theirs, noise)
-        else:  # the trace's chain cut the server's token, near enough the boundary for the server's to keep it
-            out = explain_sampled(*wider[:2], dist_draw(p.seed, e.draw), e.id, theirs, noise)
-            out = Explanation(out.cause, out.text + f" (the trace's chain cut the server's token: its logit lies "
-                                                     f"{wider[2]:.4g} nats below the lowest kept candidate's, within "
-                                                     "the numeric difference of trading places with it)")
-    else:
-        return Explanation("loop", "mirostat and adaptive-p draws are not reconstructed: cannot tell")
-    if assumed:
-        out = Explanation(out.cause, out.text + f" (no real values in the transcript to measure the numeric "
-                                                 f"difference: {DEFAULT_NOISE} assumed)")
-    if multi:
-        where = f"a {slots}-slot server" if slots else "a server that may run several slots"
-        what = "a placeholder here" if not reported else "values the server did not send here decide it"
-        out = Explanation(out.cause, out.text + f" ({what}, on {where}: {MULTI_SLOT_NOISE} nats assumed, the largest "
-                                                 "difference measured on real values of concurrent traffic)")
-    return out
-
-
-def _decisive(e, theirs: int, cands: tuple[np.ndarray, np.ndarray] | None, noise: float) -> set[int]:
-    """The tokens whose values decide whether the server could have picked `theirs` where the trace
-    picked e.id: both tokens, and for a draw (`cands` given) every candidate that may sit ahead of the server's in the
-    order (possibly_ahead)."""
-    out = {int(e.id), int(theirs)}
-    if cands is not None:
-        ids, p = cands
-        where = np.nonzero(ids == theirs)[0]
-        if len(where) == 0:
-            return out | {-1}  # the server's token is not among the candidates: nothing it sent covers that
-        out |= {int(t) for t in ids[possibly_ahead(p, float(p[where[0]]), noise)]}
-    return out
-
-
-def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | None:
-    """The server's own top list for generated token `index` (natural-log values), if it sent a real one."""
-    probs = record_entries(rec)
-    if index < len(probs) and probs[index].top:
-        return [(i, lp) for i, _, lp in probs[index].top]
-    return None
+PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
 
 
 class Drafts:
@@ -350,34 +147,6 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
         else:
             res.notes.append(drafts_differ(res, draft_model is not None))
     return res
-
-
-def drafts_shared(res: TraceResult, evidence: str) -> Explanation:
-    """Every token matches, the draft totals do not, and the draft model's batches may have held other
-    requests' tokens: numerics. b11434 drafts every drafting slot in one batch on the one draft context
-    (common/speculative.cpp:383-386 the first tokens of all slots, 446-453 each next token), so a shared
-    batch moves the draft model's values, and with them its argmax at a near-tie and the --draft-p-min
-    cut (speculative.cpp:420-425) that ends a draft; sample-and-match still emits the target's tokens."""
-    return Explanation("numerics", (
-        f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, accepted "
-        f"{res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted}): the server "
-        f"drafts all its busy slots in one batch of the draft model, and this record's batches may have been shared "
-        f"({evidence}), which moves the draft model's values at a near-tie or at the --draft-p-min cut"))
-
-
-def drafts_differ(res: TraceResult, draft_model: bool) -> str:
-    """Why every token can match while the draft totals do not: the drafts were chosen differently."""
-    why = ("the draft model's argmax at a near-tie follows the kernels that computed its logits: a server "
-           "whose ggml differs from this replay's libllama (an older or newer build, a GPU, other CPU code "
-           "paths) can draft another token there, and sample-and-match still emits the target's tokens"
-           if draft_model else "an n-gram drafter's state differs (earlier requests to the same server that "
-                               "the transcript does not hold?)")
-    return (f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, "
-            f"accepted {res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted}): "
-            + why)
-
-
-PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
 
 
 def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build: int | None = None,

@@ -61,7 +61,7 @@ class Done:
 
 @dataclass(frozen=True)
 class Traced:
-    """One traced record: its 0-based position and its TraceResult (lightened: commands/trace.py)."""
+    """One traced record: its 0-based position and its TraceResult (lightened: comparison/trace.py)."""
 
     index: int
     result: Any

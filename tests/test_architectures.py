@@ -180,6 +180,7 @@ def test_a_quantized_fixture_refuses_the_prompt_schedule_the_server_does_not_run
     from cli_helpers import one_error, run
 
     import replay.commands.recover as recover_mod
+    import replay.schedule.memory as memory_mod
     from replay.schedule.memory import checkpoint_rules
     target = files(arch, quantized=True)[0]
     srv = start_server(ServerConfig(target, n_ctx=256))
@@ -196,7 +197,7 @@ def test_a_quantized_fixture_refuses_the_prompt_schedule_the_server_does_not_run
     def other(model, removes, **kw):
         rules = checkpoint_rules(model, removes, **kw)
         return type(rules)(not rules.enabled, rules.n_ctx_checkpoints, rules.min_step, rules.build)
-    monkeypatch.setattr(recover_mod, "checkpoint_rules", other)
+    monkeypatch.setattr(memory_mod, "checkpoint_rules", other)  # where a slot is made (SlotConfig.open)
     worst = max(r.summary()["max_abs_diff_real"] for r in recover_mod.recover(src, target).records)
     assert worst > 5e-4, f"{arch}: the wrong schedule is within the tolerance ({worst:.2e}): the fixture proves nothing"
     err = one_error(run("recover", src, "-m", target, "-o", tmp_path / "bad.jsonl"))

@@ -99,7 +99,7 @@ def test_a_transcript_without_server_details_is_judged_strictly(servers, gemma3,
     """No slot count, flags or /props (a request and response saved by another tool): exact with the
     server's prompt cuts; with the cuts left out (the code before them), refused in one line, where
     the old rule accepted it as "batches shared with other requests"."""
-    import replay.commands.recover as recover_mod
+    import replay.schedule.memory as memory_mod
     from replay.schedule.memory import checkpoint_rules
     spec, _ = servers
     s = record(spec, "/completion", {"prompt": LONG, "n_predict": 24, "n_probs": 3, "temperature": 1.0, "seed": 5})
@@ -112,7 +112,7 @@ def test_a_transcript_without_server_details_is_judged_strictly(servers, gemma3,
 
     def uncut(model, removes, **kw):
         return checkpoint_rules(model, True, **{**kw, "swa_full": True})  # never checkpoints: one prompt batch
-    monkeypatch.setattr(recover_mod, "checkpoint_rules", uncut)
+    monkeypatch.setattr(memory_mod, "checkpoint_rules", uncut)  # where a slot is made (SlotConfig.open)
     err = one_error(run("recover", bare, "-m", gemma3, "-o", tmp_path / "old.json"))
     assert "token 0" in err and "--shared-batches" in err and not (tmp_path / "old.json").exists(), err
     # the user's explicit option brings the lenient judgement back, and says so

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -244,9 +244,9 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
                                                   model=str(Path(model).resolve()), flags=flags, options=options,
                                                   server_cpu=server_cpu, quiet=as_json))
     if len(records) > 1:
-        _recover_journaled(records, original, request, model, flags, options, verbose, out, transcript,
-                           force or in_place, resume, as_json, report_file, workers=workers, ray_address=ray_address,
-                           html_file=html_file)
+        _recover_journaled(Inputs(records, original, request, str(transcript), model, flags, options, verbose),
+                           Outputs(out, force or in_place, resume, as_json, report_file, html_file),
+                           workers=workers, ray_address=ray_address)
         return
     if workers > 1 or ray_address:
         click.echo("note: one record: --workers/--ray do not apply", err=True)
@@ -266,10 +266,35 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
     _wrote(out, res, len(records))
 
 
-def _recover_journaled(records, original: str, request: dict | None, model: str, flags: dict,
-                       options: RecoverOptions, verbose: bool, out: Path, transcript: str, force: bool, resume: bool,
-                       as_json: bool, report_file: str | None, *, workers: int = 1,
-                       ray_address: str | None = None, html_file: str | None = None) -> None:
+@dataclass(frozen=True)
+class Inputs:
+    """What a recover run reads: the transcript's records (and its text, for the journal's fingerprint and
+    the workers), the model, the server flags given here (settings attrs) and the options."""
+
+    records: list
+    original: str
+    request: dict | None
+    transcript: str
+    model: str
+    flags: dict
+    options: RecoverOptions
+    verbose: bool
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a recover run writes: the repaired file (through its journal), the report and the page."""
+
+    out: Path
+    force: bool
+    resume: bool
+    as_json: bool
+    report_file: str | None
+    html_file: str | None
+
+
+def _recover_journaled(inp: Inputs, outs: Outputs, *, workers: int = 1, ray_address: str | None = None) -> None:
+    """A JSONL's records through the journal (OUT.partial), on one process or many (scale/)."""
     from replay.cli.progress import progress_bar
     from replay.runtime.binding import loaded_path
     from replay.runtime.llama import set_verbose
@@ -277,36 +302,36 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
     from replay.scale.worker import Done, Job, default_threads
     from replay.transcripts.chains import plan_units
     from replay.transcripts.journal import Journal
-    if resume and out.exists() and not force and not Path(str(out) + ".partial").exists():
-        raise click.UsageError(f"{out} exists and there is no interrupted run to resume")
+    if outs.resume and outs.out.exists() and not outs.force and not Path(str(outs.out) + ".partial").exists():
+        raise click.UsageError(f"{outs.out} exists and there is no interrupted run to resume")
     if ray_address is not None:
         from replay.scale.ray_pool import check_cluster
         check_cluster(ray_address)
-    fingerprint = {"input": str(Path(transcript).resolve()),
-                   "input_sha256": hashlib.sha256(original.encode("utf-8")).hexdigest(),
-                   "model": str(Path(model).resolve()), "tolerance": options.tolerance,
+    fingerprint = {"input": str(Path(inp.transcript).resolve()),
+                   "input_sha256": hashlib.sha256(inp.original.encode("utf-8")).hexdigest(),
+                   "model": str(Path(inp.model).resolve()), "tolerance": inp.options.tolerance,
                    "libllama": str(loaded_path() or "bundled"),
-                   **({"cpu": options.cpu.variant} if options.cpu is not None else {}),
-                   "flags": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(flags.items())}}
-    journal = Journal(out, fingerprint)
-    done = journal.open(resume=resume, force=force)
-    if done > len(records):
-        raise click.UsageError(f"{journal.path} has {done} records but the input only {len(records)}")
-    set_verbose(verbose)
+                   **({"cpu": inp.options.cpu.variant} if inp.options.cpu is not None else {}),
+                   "flags": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(inp.flags.items())}}
+    journal = Journal(outs.out, fingerprint)
+    done = journal.open(resume=outs.resume, force=outs.force)
+    if done > len(inp.records):
+        raise click.UsageError(f"{journal.path} has {done} records but the input only {len(inp.records)}")
+    set_verbose(inp.verbose)
     finished = set(range(done)) | set(journal.ahead)
-    units = plan_units(records, finished)
+    units = plan_units(inp.records, finished)
     parallel = workers > 1 or ray_address is not None
-    threads = flags.get("threads") or (default_threads(workers) if parallel and not ray_address else None)
-    job = Job(original, str(transcript), request, str(Path(model).resolve()), flags, options, threads,
-              None if loaded_path() is None else str(loaded_path()))
+    threads = inp.flags.get("threads") or (default_threads(workers) if parallel and not ray_address else None)
+    job = Job(inp.original, str(inp.transcript), inp.request, str(Path(inp.model).resolve()), inp.flags, inp.options,
+              threads, None if loaded_path() is None else str(loaded_path()))
     writer = InOrder(journal, done)
     results: list[Done] = []
     failed: list[Done] = []
     if parallel and len(units) < workers:
-        click.echo(f"note: {len(records) - len(finished)} records form {len(units)} unit(s) of work (records the "
+        click.echo(f"note: {len(inp.records) - len(finished)} records form {len(units)} unit(s) of work (records the "
                    "server served from the previous one's cache stay together): fewer than --workers", err=True)
     try:
-        with progress_bar(len(records), "recovering records", done=len(finished)) as advance:
+        with progress_bar(len(inp.records), "recovering records", done=len(finished)) as advance:
             def on_done(d: Done) -> bool:
                 results.append(d)
                 advance(len(finished) + len(results))
@@ -318,30 +343,30 @@ def _recover_journaled(records, original: str, request: dict | None, model: str,
             run_units(job, units, workers=workers, ray_address=ray_address, on_done=on_done,
                       on_note=lambda text: click.echo(f"note: {text}", err=True))
     except SpecReplayError:
-        if not resume:
+        if not outs.resume:
             journal.discard_if_empty()
         raise
     finally:
         journal.close()
     res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")
-    _write_report(report_file, res, force)
-    _write_page(html_file, res, force)
+    _write_report(outs.report_file, res, outs.force)
+    _write_page(outs.html_file, res, outs.force)
     wrong = None if failed else res.failure()  # the transcript judged as a whole (comparison/values.py)
     if not failed and not wrong:
-        journal.finish(force=force)
-    _show(res, as_json)
+        journal.finish(force=outs.force)
+    _show(res, outs.as_json)
     if wrong:
-        check_failed(f"{wrong}; {out} not written (the records are kept in {journal.path})", res.failure_detail(),
+        check_failed(f"{wrong}; {outs.out} not written (the records are kept in {journal.path})", res.failure_detail(),
                      res.failure_code())
     if failed:
         kept = f"the {writer.next} records before it are kept in {journal.path}"
         if journal.ahead_path.exists():
             kept += f" (and those finished after it in {journal.ahead_path.name})"
         check_failed(f"{res.failure() or failed[0].report.source + ': record could not be repaired'}; "
-                     f"{out} not written ({kept})", res.failure_detail(),
+                     f"{outs.out} not written ({kept})", res.failure_detail(),
                      res.failure_code() if res.failure() else Exit.ERROR)
     earlier = len(finished)
-    _wrote(out, res, len(records), f" ({earlier} finished earlier)" if earlier else "")
+    _wrote(outs.out, res, len(inp.records), f" ({earlier} finished earlier)" if earlier else "")
 
 
 @main.command()

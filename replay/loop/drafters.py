@@ -413,7 +413,8 @@ DRAFTERS: dict[str, DrafterKind] = {
                                                      s.ngram_map_k_min_hits), "slot"),
     "ngram-map-k4v": DrafterKind(lambda s, _: NgramMap(False, s.ngram_map_k4v_size_n, s.ngram_map_k4v_size_m,
                                                        s.ngram_map_k4v_min_hits), "slot"),
-    "ngram-mod": DrafterKind(lambda s, _: NgramMod(s.ngram_mod_n_match, s.ngram_mod_n_max, s.ngram_mod_n_min), "server"),
+    "ngram-mod": DrafterKind(lambda s, _: NgramMod(s.ngram_mod_n_match, s.ngram_mod_n_max, s.ngram_mod_n_min),
+                             "server"),
     "ngram-cache": DrafterKind(lambda s, _: NgramCache(), "slot"),
     "draft-simple": DrafterKind(_draft_simple, "request"),
 }

@@ -137,9 +137,9 @@ class Limits:
 
 @dataclass(frozen=True)
 class SpecCheckpoint:
-    """The slot's spec_ckpt (server-context.cpp:3205-3304): the contexts' states a step saves before drafting on a target whose memory cannot drop a
-    suffix (recurrent and hybrid models: :3281-3299), to go back to after a partial acceptance; None
-    for a context that can drop one."""
+    """The slot's spec_ckpt (server-context.cpp:3205-3304): the contexts' states a step saves before
+    drafting on a target whose memory cannot drop a suffix (recurrent and hybrid models: :3281-3299), to
+    go back to after a partial acceptance; None for a context that can drop one."""
 
     target: bytes | None
     draft: bytes | None

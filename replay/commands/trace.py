@@ -15,7 +15,7 @@ comparison/divergence.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from replay.builds.loop_shapes import NEWEST, Shape, shape_for
 from replay.comparison.trace import (
@@ -27,7 +27,7 @@ from replay.comparison.trace import (
     recorded_candidates,
 )
 from replay.errors import ModelError, located
-from replay.loop.loop import SpeculativeLoop
+from replay.loop.loop import Request, SpeculativeLoop
 from replay.loop.replayable import drafts_with_model
 from replay.loop.state import SlotState
 from replay.reading.identity import compare_draft, mismatch
@@ -35,28 +35,24 @@ from replay.reading.record import read_record
 from replay.runtime.gguf import check_gguf
 from replay.runtime.llama import Model
 from replay.schedule.memory import SlotConfig, schedule_of
-from replay.schedule.prompt import NO_SPANS, MessageSpans
-from replay.settings import ContextConfig, SpecConfig, resolve
-from replay.settings.sampling import Effective, effective, server_sampling
+from replay.settings import resolve
+from replay.settings.sampling import effective, server_sampling
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.plan import Known, Plan
 from replay.transcripts.readers import Record
 
 
-def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: SpecConfig, ctx: ContextConfig, *,
-             shape: Shape, draft_model: Model | None, n_probs: int, recorded: Plan | None = None,
-             timings: dict | None = None, slot_state: SlotState | None = None, stream: bool = False,
-             spans: MessageSpans = NO_SPANS, recorded_flags: dict | None = None,
-             cached: int | None = None) -> TraceResult:
+def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape: Shape, draft_model: Model | None,
+             recorded: Plan | None = None, timings: dict | None = None, slot_state: SlotState | None = None,
+             stream: bool = False) -> TraceResult:
     """Run the loop for one request. `recorded` (the transcript's plan) is compared with what the loop
     emits (compare_with_plan)."""
-    loop = SpeculativeLoop(target, prompt, settings, spec, era=shape.era,
-                           slot_config=SlotConfig.of(ctx, recorded_flags, shape.build), draft_model=draft_model,
-                           n_probs=n_probs, slot_state=slot_state, spans=spans, cached=cached)
+    loop = SpeculativeLoop(target, request, era=shape.era, slot_config=slot_config, draft_model=draft_model,
+                           slot_state=slot_state)
     try:
         steps = list(loop.steps())
-        schedule = schedule_of(loop.memory, spans)
+        schedule = schedule_of(loop.memory, request.spans)
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]
@@ -71,8 +67,8 @@ def run_loop(target: Model, prompt: Sequence[int], settings: Effective, spec: Sp
     t = timings or {}
     return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded_ids,
                        div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
-                       post=bool(settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
-                       spec=spec, settings=settings, compared=compared, schedule=schedule)
+                       post=bool(request.settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
+                       spec=request.spec, settings=request.settings, compared=compared, schedule=schedule)
 
 
 PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
@@ -131,10 +127,11 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
                        shared=shared)
     spec, settings, prompt = read.spec, read.settings, list(read.prompt)
     draft_model = _draft(drafts, spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
-    res = run_loop(target, prompt, settings, spec, read.context, shape=read.shape, draft_model=draft_model,
-                   n_probs=settings.params.n_probs or 5, recorded=read.plan, timings=read.draft_totals,
-                   slot_state=slot_state, stream=rec.stream, spans=message_spans(rec, target, prompt),
-                   recorded_flags=rec.flags, cached=read.cached)
+    request = Request(read.prompt, settings, spec, settings.params.n_probs or 5,
+                      message_spans(rec, target, prompt), read.cached)
+    res = run_loop(target, request, SlotConfig.of(read.context, rec.flags, read.shape.build), shape=read.shape,
+                   draft_model=draft_model, recorded=read.plan, timings=read.draft_totals, slot_state=slot_state,
+                   stream=rec.stream)
     res.notes += list(settings.notes)
     if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
@@ -165,7 +162,8 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     draft_model = (drafts or Drafts()).get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
-    return run_loop(target, ids, settings, spec, ctx, shape=shape, draft_model=draft_model, n_probs=5)
+    return run_loop(target, Request(tuple(ids), settings, spec, 5), SlotConfig.of(ctx, None, shape.build),
+                    shape=shape, draft_model=draft_model)
 
 
 def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Mapping[str, Any] | None = None,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampli
 from replay.schedule.memory import SlotConfig
 from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS, MessageSpans
+from replay.settings import SpecConfig
 from replay.settings.sampling import Effective
 from replay.transcripts.utf8 import utf8_complete
 
@@ -173,19 +174,35 @@ def drafts_counted(n_accepted: int, replay: bool) -> int:
     return n_accepted - 1 if replay and n_accepted > 0 else n_accepted
 
 
+@dataclass(frozen=True)
+class Request:
+    """What one request brings to the loop: its prompt ids, its sampling settings (with grammar and
+    limits), the server's speculative flags, how many probabilities it asked for, the prompt's message
+    spans (schedule/prompt.py), and the prompt tokens the server took from its cache (timings.cache_n)."""
+
+    prompt: tuple[int, ...]
+    settings: Effective
+    spec: SpecConfig
+    n_probs: int = 0
+    spans: MessageSpans = NO_SPANS
+    cached: int | None = None
+
+
 class SpeculativeLoop:
-    """Iterate the server's steps for one request; `emitted` grows as steps run.
+    """Iterate the server's steps for one request; `emitted` grows as steps run. Built from three typed
+    values and the models: the request (`Request`), how the server made its slot (`SlotConfig`) and the
+    loop shape of its build (`Era`).
 
     `slot_state` is what the request's slot kept from earlier requests (loop/state.py: its drafters' tables,
     its draft sampler's last retune, its memory), which a request that reused the prompt cache
-    continues from (`cached`: the response's timings.cache_n). Pass the same SlotState for consecutive
+    continues from (`Request.cached`). Pass the same SlotState for consecutive
     requests to one slot (commands/trace_state.py gives each slot its own and frees their memory);
     without one the loop runs on a fresh slot and frees what it made.
     """
 
-    def __init__(self, target: Model, prompt: Sequence[int], settings: Effective, spec, *, era: Era,
-                 slot_config: SlotConfig, draft_model: Model | None = None, n_probs: int = 0,
-                 slot_state: SlotState | None = None, spans: MessageSpans = NO_SPANS, cached: int | None = None):
+    def __init__(self, target: Model, request: Request, *, era: Era, slot_config: SlotConfig,
+                 draft_model: Model | None = None, slot_state: SlotState | None = None):
+        settings, spec = request.settings, request.spec
         check_replayable(spec, era, has_draft_model=draft_model is not None)
         self.era = era
         params = settings.params
@@ -194,10 +211,10 @@ class SpeculativeLoop:
                                   "run cannot be reproduced; record with an explicit \"seed\"")
         self.target, self.params = target, params
         self.limits = Limits(n_ctx=slot_config.n_ctx, n_predict=settings.n_predict, stop=settings.stop)
-        self.prompt = list(prompt)
-        self.n_probs = max(n_probs, 1)
+        self.prompt = list(request.prompt)
+        self.n_probs = max(request.n_probs, 1)
         self.notes: list[str] = []
-        self.spans, self.cached = spans, cached
+        self.spans, self.cached = request.spans, request.cached
         self.checkpoint = SpecCheckpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
         self.pending: PendingReplay | None = None
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)

@@ -254,13 +254,13 @@ def _trace_init(target: str, draft: str) -> None:
 
 def _trace_seed(args: tuple[list[int], str, int]) -> tuple[int, tuple[int, ...]]:
     from replay.builds.loop_shapes import NEWEST
-    from replay.loop.loop import SpeculativeLoop
+    from replay.loop.loop import Request, SpeculativeLoop
     from replay.schedule.memory import SlotConfig
     from replay.settings import ContextConfig
     from replay.settings import resolve
     ids, sampling, seed = args
     spec = resolve("speculative", flags={"spec_types": ("draft-simple",), "draft_sampling": sampling})
-    loop = SpeculativeLoop(_worker["target"], ids, _settings(seed), spec, era=NEWEST,
+    loop = SpeculativeLoop(_worker["target"], Request(tuple(ids), _settings(seed), spec), era=NEWEST,
                            slot_config=SlotConfig.of(ContextConfig(n_ctx=N_CTX, threads=1, n_parallel=1)),
                            draft_model=_worker["draft"])
     try:

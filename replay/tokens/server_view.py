@@ -125,12 +125,12 @@ def server_view(rec: Record, asked: Asked, model: Path | str, flags: Mapping | N
     own chat template (helper_flags)."""
     if not needs_view(rec, asked):
         return None
+    flags = helper_flags(rec, flags, model_template)
+    window = request_window(rec)
     if helper is None:
         helper = find_helper(asked.build)
         if helper is None:
             return None
-    flags = helper_flags(rec, flags, model_template)
-    window = request_window(rec)
     start = window[0] if window else time.time()
     first = render_request(helper, model, flags, rec.endpoint, rec.request, [(start, "UTC"), (start + LATER_S, "UTC")])
     if first[0].error is not None:

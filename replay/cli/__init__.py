@@ -165,6 +165,7 @@ def main() -> None:
     spec-replay recover t.json -m target.gguf -o fixed.json   recover the real logprobs
     spec-replay diff t.json -m target.gguf                    the same comparison; writes nothing
     spec-replay trace t.json -m target.gguf -md draft.gguf    replay the loop step by step
+    spec-replay tune t.jsonl -m target.gguf --vary --spec-draft-n-max=2,8   other loop settings
     spec-replay patch --source ~/llama.cpp -o fix.patch       a server that reports real probs
     spec-replay dist                       which loops keep the target distribution
     spec-replay build                      build the real llama-server (cached)
@@ -178,4 +179,4 @@ def main() -> None:
     """
 
 
-from replay.cli import audit, lab, llamacpp, record, recover, trace  # noqa: E402,F401  (register the commands)
+from replay.cli import audit, lab, llamacpp, record, recover, trace, tune  # noqa: E402,F401  (register the commands)

@@ -50,9 +50,12 @@ def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape:
     emits (compare_with_plan)."""
     loop = SpeculativeLoop(target, request, era=shape.era, slot_config=slot_config, draft_model=draft_model,
                            slot_state=slot_state)
+    contexts = {"target": loop.ctx, "draft": loop.memory.draft}
+    before = {k: (c.n_decodes, c.n_rows) for k, c in contexts.items() if c is not None}
     try:
         steps = list(loop.steps())
         schedule = schedule_of(loop.memory, request.spans)
+        decodes = {k: (contexts[k].n_decodes - n, contexts[k].n_rows - r) for k, (n, r) in before.items()}
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]
@@ -68,7 +71,8 @@ def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape:
     return TraceResult(steps, loop.emitted, [target.piece(i).decode("utf-8", "replace") for i in ids], recorded_ids,
                        div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
                        post=bool(request.settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
-                       spec=request.spec, settings=request.settings, compared=compared, schedule=schedule)
+                       spec=request.spec, settings=request.settings, compared=compared, schedule=schedule,
+                       decodes=decodes)
 
 
 PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n

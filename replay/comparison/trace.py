@@ -57,6 +57,8 @@ class TraceResult:
     compared: str | None = None  # what was compared with the transcript: "token ids" or "text"
     explanation: Explanation | None = None  # why it diverged (comparison/divergence.py)
     schedule: dict | None = None  # the prompt batches and the slot's checkpoints (schedule/), as recover reports them
+    # the replay's decode calls and rows for this request, prompt included: {"target": (calls, rows), "draft": ...}
+    decodes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def reproduced(self) -> bool | None:

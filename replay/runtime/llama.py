@@ -320,6 +320,8 @@ class Context(_Owner):
                  n_threads: int = 2, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
                  swa_full: bool = False, n_seq_max: int = 1, kv_unified: bool = False):
         self.model = model
+        self.n_decodes = 0  # llama_decode calls that succeeded, and the batch rows they decoded
+        self.n_rows = 0
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
         # a unified cache for n slots sizes the sliding-window cache for all of them:
@@ -370,6 +372,8 @@ class Context(_Owner):
         if rc != 0:
             self.kv_tokens = []  # unknown state: the next user starts from scratch
             raise DecodeError(rc)
+        self.n_decodes += 1
+        self.n_rows += len(tokens)
         if seq_id == 0:
             if pos0 <= len(self.kv_tokens):
                 self.kv_tokens[pos0:] = tokens

@@ -1,0 +1,144 @@
+"""`spec-replay tune` replays the transcript's traffic under other speculative settings (commands/tune.py).
+
+Quick tier: the committed b11434 transcripts and the tiny fixtures. The transcript's own settings must
+reproduce its draft totals exactly before anything else is reported; other settings change how many
+decodes the same traffic takes. Live: eight SmolLM2 chat requests at temperature 0, recorded from a
+speculating b11434 server, under draft lengths and n-gram types: every setting emits the recorded tokens.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from cli_helpers import one_error, run
+
+from replay.commands.tune import sweep, tune
+from replay.paths import FIXTURES
+from replay.runtime.llama import Model
+from replay.transcripts.readers import read_file, read_text
+
+MODEL, DRAFT = FIXTURES / "tiny-target.gguf", FIXTURES / "tiny-draft.gguf"
+T = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+
+
+@pytest.fixture(scope="module")
+def target():
+    m = Model(MODEL)
+    yield m
+    m.close()
+
+
+def _tune(target, path_or_records, varies):
+    recs = read_file(path_or_records) if not isinstance(path_or_records, list) else path_or_records
+    return tune(recs, target, varies, flags={"draft_model": str(DRAFT)})
+
+
+def test_the_baseline_is_the_transcripts_own_draft_totals(target):
+    runs = _tune(target, T, ["--spec-draft-n-max=1,8"])
+    base = runs[0]
+    recorded = json.loads(T.read_text())["response"]["timings"]
+    assert base.setting.spelled == "as recorded"
+    assert (base.total("drafted"), base.total("accepted")) == (recorded["draft_n"], recorded["draft_n_accepted"]) == (36, 7)
+    assert base.records[0].emitted == tuple(json.loads(T.read_text())["response"]["tokens"])
+
+
+def test_the_draft_length_changes_the_decodes_not_the_tokens_under_sample_and_match(target):
+    """Greedy drafting is verified by sample-and-match: the target's own draws, whatever was drafted."""
+    runs = {r.setting.spelled: r for r in _tune(target, T, ["--spec-draft-n-max=1,2,8"])}
+    one, two, eight = (runs[f"--spec-draft-n-max {n}"] for n in (1, 2, 8))
+    assert all(r.records[0].same_tokens is True for r in (one, two, eight))
+    assert [r.total("drafted") for r in (one, two, eight)] == [13, 24, 82]
+    assert [r.target_decodes for r in (one, two, eight)] == [14, 13, 12]  # the prompt's decode included
+    assert max(len(r.records[0].tried) for r in (one, two, eight)) == 8
+    assert one.by_position() == [6 / 13]
+    assert eight.records[0].draft[0] > two.records[0].draft[0] > one.records[0].draft[0] > 0
+
+
+def test_an_ngram_type_that_finds_nothing_drafts_nothing(target):
+    runs = {r.setting.spelled: r for r in _tune(target, T, ["--spec-type=ngram-simple"])}
+    r = runs["--spec-type ngram-simple"]
+    assert (r.total("drafted"), r.records[0].draft) == (0, (0, 0))
+    assert r.target_decodes == r.tokens  # one decode per token: the prompt's, then one per step
+
+
+def test_a_probabilistic_draft_at_temperature_1_is_one_sampled_run_per_setting(target):
+    runs = _tune(target, FIXTURES / "transcripts" / "tiny-completion-grammar-probabilistic.json",
+                 ["--spec-draft-n-max=1,8"])
+    rec = runs[0].records[0]
+    assert not rec.exact and rec.to_json()["counts"] == "one sampled run (the request's seed)"
+    assert (runs[0].total("drafted"), runs[0].total("accepted")) == (46, rec.accepted)
+
+
+def test_a_transcript_its_own_settings_do_not_reproduce_is_refused(tmp_path):
+    t = copy.deepcopy(json.loads(T.read_text()))
+    t["response"]["timings"]["draft_n"] = 35
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(t))
+    msg = one_error(run("tune", p, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=2"))
+    assert "own settings do not reproduce it (its draft totals differ" in msg and "record 1" in msg
+
+
+@pytest.mark.parametrize("vary,words", [
+    ("--temp=0.5", "--temp is not a setting of the speculative loop"),
+    ("--spec-draft-n-max", "give FLAG=V1,V2"),
+    ("--spec-draft-n-max=two", "--spec-draft-n-max"),
+    ("--spec-drat-n-max=2", "not a flag of llama-server"),
+    ("--spec-draft-model=x.gguf", "not a setting of the speculative loop"),
+])
+def test_a_bad_vary_is_a_usage_error_in_one_line(vary, words):
+    r = run("tune", T, "-m", MODEL, "--vary", vary)
+    assert r.exit_code == 2 and words in r.output and r.output.count("Error") == 1, r.output
+
+
+def test_the_grid_is_every_combination_once():
+    s = sweep(["--spec-draft-n-max=2,4", "--spec-type=ngram-mod,draft-simple+ngram-mod"])
+    assert [x.spelled for x in s] == ["as recorded", "--spec-draft-n-max 2 --spec-type ngram-mod",
+                                      "--spec-draft-n-max 2 --spec-type draft-simple,ngram-mod",
+                                      "--spec-draft-n-max 4 --spec-type ngram-mod",
+                                      "--spec-draft-n-max 4 --spec-type draft-simple,ngram-mod"]
+
+
+def test_the_command_prints_a_ranked_table_and_json():
+    r = run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=1,8")
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("as recorded", "--spec"))]
+    assert lines[0].startswith("as recorded") and lines[1].startswith("--spec-draft-n-max 8")  # fewest decodes first
+    assert "one run with the request's seed" in r.stdout
+    d = json.loads(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=1,8", "--json").stdout)
+    assert d["format"] == "spec-replay-tune" and [s["drafted"] for s in d["settings"]] == [36, 13, 82]
+
+
+@pytest.mark.build
+@pytest.mark.live_server
+@pytest.mark.model
+def test_eight_chat_requests_at_temperature_0_emit_the_same_tokens_under_every_setting(start_server, smollm2,
+                                                                                          tmp_path):
+    from replay.commands.record import RequestItem, record_one
+    from replay.llamacpp.process import ServerConfig
+    from replay.transcripts.format import dumps
+    srv = start_server(ServerConfig(smollm2, draft_model=smollm2, spec_types=("draft-simple",), n_ctx=2048))
+    topics = ["the sea", "a lighthouse", "bread", "the moon", "a river", "winter", "a library", "the wind"]
+    lines = []
+    for k, topic in enumerate(topics):
+        body = {"messages": [{"role": "user", "content": f"Write two sentences about {topic}."}], "max_tokens": 40,
+                "logprobs": True, "top_logprobs": 2, "temperature": 0, "seed": 7 + k}
+        lines.append(dumps(record_one(srv.url, RequestItem("/v1/chat/completions", body), srv.config.flags_block()),
+                           indent=None))
+    recs = read_text("\n".join(lines) + "\n", "chat.jsonl")
+    model = Model(smollm2)
+    try:
+        runs = tune(recs, model, ["--spec-draft-n-max=2,8", "--spec-type=draft-simple,ngram-simple"],
+                    flags={"draft_model": str(smollm2)})
+    finally:
+        model.close()
+    base = runs[0]
+    assert len(base.records) == 8 and all(r.exact for r in base.records)
+    for run_ in runs[1:]:
+        assert all(r.same_tokens for r in run_.records), (run_.setting.spelled,
+                                                          [r.record for r in run_.records if not r.same_tokens])
+    by = {r.setting.spelled: r for r in runs}
+    assert by["--spec-draft-n-max 8 --spec-type draft-simple"].total("drafted") > \
+        by["--spec-draft-n-max 2 --spec-type draft-simple"].total("drafted")
+    print("\n" + "\n".join(f"{r.setting.spelled}: {r.tokens} tokens, {r.target_decodes} target decodes, "
+                           f"acceptance {r.acceptance}" for r in runs))

@@ -1,7 +1,6 @@
 """`spec-replay trace`: the server's speculative loop, step by step, checked against a transcript."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Callable
@@ -29,6 +28,30 @@ from replay.errors import ModelError, TranscriptError
 from replay.report import schema as report_json
 from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.readers import Record
+
+
+def load_for_loop(transcript: str | None, request_file: str | None, model: str, flags: dict, *, build: int | None,
+                  source: str | None, libllama: str | None, server_cpu: str | None, quiet: bool):
+    """The records (none without a transcript) and the target, for a command that runs the server's loop
+    (trace, tune): inputs checked in one line each, the libllama and the CPU kernels chosen (probed on this
+    host) before the model loads. Returns (records, target Model, the kernels chosen)."""
+    from replay.commands.recover import RecoverOptions
+    from replay.runtime.gguf import check_gguf
+    from replay.runtime.llama import Model, model_params
+    from replay.transcripts.files import read_request
+    from replay.transcripts.readers import read_file, read_source
+    if transcript:
+        input_file(transcript, "a transcript file", TranscriptError)
+    input_file(model, "a model file", ModelError)
+    check_gguf(model)
+    request = read_request(request_file) if request_file else None
+    records = read_file(transcript, request) if transcript else []
+    choose_libllama(libllama, source, build, records, quiet=quiet)
+    kernels = choose_kernels(records, text=read_source(transcript) if transcript else "", source=str(transcript),
+                             request=request, model=str(Path(model).resolve()), flags=flags,
+                             options=RecoverOptions(build=build, source=source and Path(source)),
+                             server_cpu=server_cpu, quiet=quiet)
+    return records, Model(model, **model_params(flags)), kernels
 
 
 @main.command()
@@ -78,13 +101,10 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3 --temp 1
     """
     from replay.cli.progress import progress_bar
-    from replay.commands.recover import RecoverOptions
     from replay.commands.trace import Drafts, trace_prompt, trace_record
     from replay.commands.trace_state import ServerState
-    from replay.runtime.gguf import check_gguf
-    from replay.runtime.llama import Model, model_params, set_verbose
-    from replay.transcripts.files import read_request, refuse_existing, write_atomic
-    from replay.transcripts.readers import read_file, read_source
+    from replay.runtime.llama import model_params, set_verbose
+    from replay.transcripts.files import refuse_existing, write_atomic
     flags = given_flags(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
@@ -96,18 +116,8 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
             raise click.UsageError("--html must not be the transcript")
         refuse_existing(html_file, force)
     build = build_number(build)
-    if transcript:
-        input_file(transcript, "a transcript file", TranscriptError)
-    input_file(model, "a model file", ModelError)
-    check_gguf(model)
-    request = read_request(request_file) if request_file else None
-    records = read_file(transcript, request) if transcript else []
-    choose_libllama(libllama, source, build, records, quiet=as_json)
-    kernels = choose_kernels(records, text=read_source(transcript) if transcript else "", source=str(transcript),
-                             request=request, model=str(Path(model).resolve()), flags=flags,
-                             options=RecoverOptions(build=build, source=source and Path(source)),
-                             server_cpu=server_cpu, quiet=as_json)
-    target = Model(model, **model_params(flags))
+    records, target, kernels = load_for_loop(transcript, request_file, model, flags, build=build, source=source,
+                                             libllama=libllama, server_cpu=server_cpu, quiet=as_json)
     drafts = Drafts(model_params(flags))
     results: list[tuple[Record | None, TraceResult]] = []
     if workers > 1 and len(records) < 2:

@@ -1,26 +1,23 @@
 """`spec-replay tune`: the transcript's traffic replayed under other speculative settings (commands/tune.py)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 from tabulate import tabulate
 
 from replay.cli import main
-from replay.cli.kernels import choose_kernels, server_cpu_option
+from replay.cli.kernels import server_cpu_option
 from replay.cli.options import (
     BUILD,
     build_number,
-    choose_libllama,
     every_server_flag,
     given_flags,
-    input_file,
     json_option,
     libllama_option,
     server_flags,
     verbose_option,
 )
-from replay.errors import ModelError, SettingsError, TranscriptError
+from replay.cli.trace import load_for_loop
+from replay.errors import SettingsError
 from replay.report import schema as report_json
 
 
@@ -59,14 +56,10 @@ def tune(transcript, model, varies, renamed_model, request_file, build, as_json,
     spec-replay tune evals.jsonl -m target.gguf --vary --spec-type=ngram-mod,ngram-simple --json
     """
     from replay.cli.progress import progress_bar
-    from replay.commands.recover import RecoverOptions
     from replay.commands.trace import Drafts
     from replay.commands.tune import sweep
     from replay.commands.tune import tune as run_tune
-    from replay.runtime.gguf import check_gguf
-    from replay.runtime.llama import Model, model_params, set_verbose
-    from replay.transcripts.files import read_request
-    from replay.transcripts.readers import read_file, read_source
+    from replay.runtime.llama import model_params, set_verbose
     flags = given_flags(flags)
     set_verbose(verbose)
     try:
@@ -74,16 +67,8 @@ def tune(transcript, model, varies, renamed_model, request_file, build, as_json,
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
     build = build_number(build)
-    input_file(transcript, "a transcript file", TranscriptError)
-    input_file(model, "a model file", ModelError)
-    check_gguf(model)
-    request = read_request(request_file) if request_file else None
-    records = read_file(transcript, request)
-    choose_libllama(libllama, None, build, records, quiet=as_json)
-    choose_kernels(records, text=read_source(transcript), source=str(transcript), request=request,
-                   model=str(Path(model).resolve()), flags=flags, options=RecoverOptions(build=build),
-                   server_cpu=server_cpu, quiet=as_json)
-    target = Model(model, **model_params(flags))
+    records, target, _ = load_for_loop(transcript, request_file, model, flags, build=build, source=None,
+                                       libllama=libllama, server_cpu=server_cpu, quiet=as_json)
     with progress_bar(n_settings * len(records), "replaying settings x records") as advance:
         runs = run_tune(records, target, varies, flags=flags, drafts=Drafts(model_params(flags)), build=build,
                         renamed=renamed_model, progress=lambda done, total: advance(done))

@@ -31,10 +31,11 @@ from replay.loop.loop import Request, SpeculativeLoop
 from replay.loop.replayable import drafts_with_model
 from replay.loop.state import SlotState
 from replay.reading.identity import compare_draft, mismatch
-from replay.reading.record import read_record
+from replay.reading.record import ReadRecord, read_record
 from replay.runtime.gguf import check_gguf
 from replay.runtime.llama import Model
 from replay.schedule.memory import SlotConfig, schedule_of
+from replay.schedule.prompt import MessageSpans
 from replay.settings import resolve
 from replay.settings.sampling import effective, server_sampling
 from replay.tokens.prompt_ids import message_spans
@@ -129,10 +130,18 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
                   shared: str | None = None) -> TraceResult:
     read = read_record(rec, target, flags, command="trace", build=given[0], source=given[1], renamed=renamed,
                        shared=shared)
-    spec, settings, prompt = read.spec, read.settings, list(read.prompt)
-    draft_model = _draft(drafts, spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
+    return trace_read(read, target, slot_state=slot_state, drafts=drafts, renamed=renamed)
+
+
+def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None = None, drafts: Drafts | None = None,
+               renamed: bool = False, spans: MessageSpans | None = None) -> TraceResult:
+    """The loop over a record already read (reading/record.py read_record), compared with it. `spans`: the
+    prompt's message spans, where the caller has them (tune replays one read under many speculative settings,
+    each a copy of the read with its `spec` replaced)."""
+    rec, spec, settings = read.rec, read.spec, read.settings
+    draft_model = _draft(drafts or Drafts(), spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
     request = Request(read.prompt, settings, spec, settings.params.n_probs or 5,
-                      message_spans(rec, target, prompt), read.cached)
+                      message_spans(rec, target, list(read.prompt)) if spans is None else spans, read.cached)
     res = run_loop(target, request, SlotConfig.of(read.context, rec.flags, read.shape.build), shape=read.shape,
                    draft_model=draft_model, recorded=read.plan, timings=read.draft_totals, slot_state=slot_state,
                    stream=rec.stream)

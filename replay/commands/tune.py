@@ -25,14 +25,17 @@ target decodes per emitted token, the quantity speculation exists to lower.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from replay.commands.trace import Drafts, trace_record
+from replay.commands.trace import Drafts, trace_read
 from replay.commands.trace_state import ServerState
-from replay.errors import SettingsError, TranscriptError
+from replay.errors import SettingsError, TranscriptError, located
+from replay.reading.record import read_record
 from replay.runtime.llama import Model
+from replay.settings import resolve
 from replay.settings.server_flags import BY_FLAG
+from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.readers import Record
 
 LOOP_GROUP = "speculative"
@@ -206,15 +209,25 @@ def tune(records: Sequence[Record], target: Model, varies: Sequence[str], *, fla
     """Replay every record under every setting of the sweep (module docstring); the baseline first. `flags`:
     server flags given on the command line (settings attrs), under each setting's overrides."""
     settings = sweep(varies)
+    flags = dict(flags or {})
     drafts = drafts or Drafts()
+    reads = []  # each record read once (prompt ids, settings, plan, identity); a setting replaces only its spec
+    for rec in records:
+        with located(rec.source, rec.index):
+            read = read_record(rec, target, flags, command="trace", build=build, renamed=renamed)
+            reads.append((read, message_spans(rec, target, list(read.prompt))))
     runs: list[SettingRun] = []
     total, done = len(settings) * len(records), 0
     for setting in settings:
         out = []
-        with ServerState((flags or {}).get("n_parallel")) as state:
-            for rec in records:
-                res = trace_record(rec, target, flags={**(flags or {}), **setting.flags}, build=build,
-                                   slot_state=state.slot(rec), drafts=drafts, renamed=renamed)
+        with ServerState(flags.get("n_parallel")) as state:
+            for rec, (read, spans) in zip(records, reads):
+                with located(rec.source, rec.index):
+                    if setting is not BASELINE:
+                        read = replace(read, spec=resolve("speculative", flags={**flags, **setting.flags},
+                                                          recorded=rec.flags, props=rec.props))
+                    res = trace_read(read, target, slot_state=state.slot(rec), drafts=drafts, renamed=renamed,
+                                     spans=spans)
                 if setting is BASELINE and res.reproduced is not True:
                     what = (f"token {res.first_divergence} differs" if res.first_divergence is not None else
                             f"its draft totals differ (replayed {res.draft_n}/{res.draft_n_accepted}, the server "

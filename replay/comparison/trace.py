@@ -242,10 +242,14 @@ def drafts_shared(res: TraceResult, evidence: str) -> Explanation:
     batch moves the draft model's values, and with them its argmax at a near-tie and the --draft-p-min
     cut (speculative.cpp:420-425) that ends a draft; sample-and-match still emits the target's tokens."""
     return Explanation("numerics", (
-        f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, accepted "
-        f"{res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted}): the server "
-        f"drafts all its busy slots in one batch of the draft model, and this record's batches may have been shared "
-        f"({evidence}), which moves the draft model's values at a near-tie or at the --draft-p-min cut"))
+        f"{_totals_differ(res)}: the server drafts all its busy slots in one batch of the draft model, and this "
+        f"record's batches may have been shared ({evidence}), which moves the draft model's values at a near-tie or "
+        "at the --draft-p-min cut"))
+
+
+def _totals_differ(res: TraceResult) -> str:
+    return (f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, "
+            f"accepted {res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted})")
 
 
 def drafts_differ(res: TraceResult, draft_model: bool) -> str:
@@ -255,6 +259,4 @@ def drafts_differ(res: TraceResult, draft_model: bool) -> str:
            "paths) can draft another token there, and sample-and-match still emits the target's tokens"
            if draft_model else "an n-gram drafter's state differs (earlier requests to the same server that "
                                "the transcript does not hold?)")
-    return (f"every token matches the transcript, but the draft totals differ (trace drafted {res.draft_n}, "
-            f"accepted {res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted}): "
-            + why)
+    return f"{_totals_differ(res)}: {why}"

@@ -172,3 +172,23 @@ def test_a_4000_token_trace_stays_responsive(tmp_path, open_page):
     pg.wait_for_selector("table.steps tbody tr >> nth=100")
     assert pg.locator("table.steps tbody tr").count() == len(steps) and time.monotonic() - t0 < 2.0
     assert not problems, problems
+
+
+def test_the_tune_page_plots_speed_up_acceptance_by_position_and_the_spread_over_records(tmp_path, open_page):
+    out = tmp_path / "tune.html"
+    r = run("tune", TINY, "-m", tiny_target(), "-md", tiny_draft(), "--vary", "--spec-draft-n-max=1,2,8", "--measure",
+            "--html", out, "--json")
+    assert r.exit_code == 0, r.output
+    report, data = json.loads(r.stdout), _data(out.read_text())
+    pg, problems = open_page(out)
+    assert pg.locator("table.ranked tbody tr").count() == len(report["settings"]) == 4
+    ranked = [s["name"] for s in data["settings"]]
+    speeds = [s["predicted"]["tokens_per_second"] for s in report["settings"]]
+    assert ranked[0] == report["settings"][speeds.index(max(speeds))]["setting"]  # fastest first
+    assert pg.locator("svg.speed rect.bar").count() == 4  # one bar per setting
+    # counted (solid) and expected (dashed) acceptance by position for every setting that drafted
+    assert pg.locator("svg.positions polyline.series").count() == 2 * 4
+    assert pg.locator("svg.spread circle.dot").count() == 4 * len(report["settings"][0]["records"])
+    pg.hover("svg.spread circle.dot >> nth=0")
+    assert "decodes/token" in pg.inner_text("#tip")
+    assert not problems, problems

@@ -13,7 +13,8 @@ import json
 import pytest
 from cli_helpers import one_error, run
 
-from replay.commands.tune import sweep, tune
+from replay.commands.tune import tune
+from replay.tuning.sweep import sweep
 from replay.paths import FIXTURES
 from replay.runtime.llama import Model
 from replay.transcripts.readers import read_file, read_text
@@ -142,3 +143,39 @@ def test_eight_chat_requests_at_temperature_0_emit_the_same_tokens_under_every_s
         by["--spec-draft-n-max 2 --spec-type draft-simple"].total("drafted")
     print("\n" + "\n".join(f"{r.setting.spelled}: {r.tokens} tokens, {r.target_decodes} target decodes, "
                            f"acceptance {r.acceptance}" for r in runs))
+
+
+@pytest.mark.processes
+def test_workers_replay_the_settings_in_processes_and_report_the_same_bytes():
+    args = ("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=1,2,8", "--json")
+    one, two = run(*args), run(*args, "--workers", "2")
+    assert one.exit_code == two.exit_code == 0, two.output
+    assert one.stdout == two.stdout and len(json.loads(two.stdout)["settings"]) == 4
+
+
+def test_samples_add_runs_with_the_next_seeds_and_give_a_mean_with_its_interval():
+    d = json.loads(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=2", "--samples", "5",
+                       "--json").stdout)
+    seed = json.loads(T.read_text())["request"]["seed"]
+    base = d["settings"][0]
+    rec = base["records"][0]
+    assert [s["seed"] for s in rec["samples"]] == [seed + 1, seed + 2, seed + 3, seed + 4]
+    assert (rec["drafted"], rec["accepted"]) == (36, 7)  # run 0 is the recorded one, reproduced
+    runs = [7 / 36] + [s["accepted"] / s["drafted"] for s in rec["samples"]]
+    assert len(set(runs)) > 1  # other seeds, other texts
+    acc = base["samples"]["acceptance"]
+    assert acc["runs"] == 5 and acc["mean"] == pytest.approx(sum(runs) / 5)
+    low, high = acc["interval_95"]
+    assert min(runs) <= low <= acc["mean"] <= high <= max(runs)
+
+
+def test_the_expectation_is_the_verifiers_along_the_recorded_tokens_where_a_setting_emits_them(target):
+    runs = _tune(target, T, ["--spec-draft-n-max=1,8"])
+    for run_ in runs:
+        rec = run_.records[0]
+        assert rec.expected is not None and rec.expected.along == "the recorded tokens"
+        assert rec.expected.drafted == rec.drafted and 0 < rec.expected.accepted < rec.expected.drafted
+    grammar = _tune(target, FIXTURES / "transcripts" / "tiny-completion-grammar-probabilistic.json",
+                    ["--spec-draft-n-max=1"])
+    assert grammar[0].records[0].expected is None
+    assert grammar[0].records[0].no_expectation == "a grammar resamples what it rejects"

@@ -1,6 +1,9 @@
 """`spec-replay tune`: the transcript's traffic replayed under other speculative settings (commands/tune.py)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import click
 from tabulate import tabulate
 
@@ -17,7 +20,7 @@ from replay.cli.options import (
     verbose_option,
 )
 from replay.cli.trace import load_for_loop
-from replay.errors import SettingsError
+from replay.errors import SettingsError, TranscriptError
 from replay.report import schema as report_json
 
 
@@ -28,72 +31,183 @@ from replay.report import schema as report_json
 @click.option("--vary", "varies", multiple=True, required=True, metavar="FLAG=V1,V2,...",
               help="a loop setting and its values, spelled as llama-server spells it (--spec-draft-n-max=2,4,8; "
                    "--spec-type=draft-simple,ngram-mod, several types joined by +); repeat for a grid")
+@click.option("--measure", is_flag=True,
+              help="measure decode and sampling costs on this host with these models for the speed prediction "
+                   "(scaled to the transcript's timings where it has usable ones); without it the costs are "
+                   "fitted to the timings alone, where they allow")
+@click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
+              help="runs per setting for records at temperature > 0 (the request's seed, then the next seeds): "
+                   "their mean and a 95%% interval")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="replay settings in this many processes (each loads the models)")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="also write a self-contained page with plots (acceptance by position, predicted speed-up, "
+                   "per-record spread)")
+@click.option("--force", is_flag=True, help="overwrite an existing --html file")
 @click.option("--renamed-model", is_flag=True,
               help="-m (and -md) are the files the server loaded under other names: their names are not compared "
                    "with the transcript's (file type and size still are)")
 @click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
 @click.option("--build", "build", type=BUILD,
               help="replay the loop of this llama.cpp build (b11434; default: the transcript's build_info)")
-@json_option("every setting's counts, record by record")
+@json_option("every setting's counts, record by record, and the speed model")
 @verbose_option
 @libllama_option
 @server_cpu_option
 @server_flags("speculative", "context", "sampling")
-def tune(transcript, model, varies, renamed_model, request_file, build, as_json, verbose, libllama, server_cpu,
-         **flags) -> None:
+def tune(transcript, model, varies, measure, samples, workers, html_file, force, renamed_model, request_file, build,
+         as_json, verbose, libllama, server_cpu, **flags) -> None:
     """Replay the transcript's requests under other speculative settings.
 
     Every record is replayed with the server's own loop under the
     transcript's settings (which must reproduce its tokens and draft totals)
     and under every combination of the --vary lists, on a fresh server each,
-    counting target and draft decodes, drafted and accepted tokens, and
-    acceptance by draft position. At temperature 0 the counts are exact for
-    this traffic; at temperature > 0 they are one sampled run's. Settings are
-    ranked by target decodes per emitted token (no speed prediction yet).
+    counting target and draft decodes by batch size, drafted and accepted
+    tokens, acceptance by draft position, and the verifier's expected
+    acceptance. At temperature 0 the counts are exact for this traffic; at
+    temperature > 0 they are one sampled run's (--samples for more). A cost
+    model (--measure, or fitted to the transcript's timings) predicts
+    tokens per second and the speed-up against no speculation; settings are
+    ranked by it.
 
     \b
-    spec-replay tune evals.jsonl -m target.gguf -md draft.gguf --vary --spec-draft-n-max=2,4,8,16
+    spec-replay tune evals.jsonl -m target.gguf -md draft.gguf --vary --spec-draft-n-max=2,4,8,16 --measure
     spec-replay tune evals.jsonl -m target.gguf --vary --spec-type=ngram-mod,ngram-simple --json
     """
     from replay.cli.progress import progress_bar
     from replay.commands.trace import Drafts
-    from replay.commands.tune import sweep
-    from replay.commands.tune import tune as run_tune
+    from replay.commands.tune import against_baseline, cost_table, prepare, run_setting
     from replay.runtime.llama import model_params, set_verbose
+    from replay.transcripts.files import refuse_existing, write_atomic
+    from replay.tuning.sweep import sweep
     flags = given_flags(flags)
     set_verbose(verbose)
     try:
-        n_settings = len(sweep(varies))  # a bad --vary is a usage error, before anything loads
+        settings = sweep(varies)  # a bad --vary is a usage error, before anything loads
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
+    if html_file:
+        if Path(html_file).resolve() == Path(transcript).resolve():
+            raise click.UsageError("--html must not be the transcript")
+        refuse_existing(html_file, force)
     build = build_number(build)
     records, target, _ = load_for_loop(transcript, request_file, model, flags, build=build, source=None,
                                        libllama=libllama, server_cpu=server_cpu, quiet=as_json)
-    with progress_bar(n_settings * len(records), "replaying settings x records") as advance:
-        runs = run_tune(records, target, varies, flags=flags, drafts=Drafts(model_params(flags)), build=build,
-                        renamed=renamed_model, progress=lambda done, total: advance(done))
+    drafts = Drafts(model_params(flags))
+    prepared = prepare(records, target, flags, build=build, renamed=renamed_model)
+    hot = [p for p in prepared if p.read.settings.params.temp > 0]
+    if samples > 1 and not hot:
+        click.echo("note: every record samples at temperature 0: --samples adds nothing", err=True)
+        samples = 1
+    total = len(settings) * len(records) * samples
+    with progress_bar(total, "replaying settings x records") as advance:
+        done = [0]
+
+        def step(n: int) -> None:
+            done[0] += n
+            advance(done[0])
+        if workers > 1 and len(settings) > 1:
+            runs = _tune_on_workers(transcript, request_file, model, flags, varies, build=build, renamed=renamed_model,
+                                    samples=samples, workers=workers, per_setting=len(records) * samples,
+                                    progress=step)
+        else:
+            runs = [run_setting(prepared, s, target, flags=flags, drafts=drafts, renamed=renamed_model,
+                                samples=samples, progress=step) for s in settings]
+        against_baseline(runs)
+    table, notes = None, []
+    try:
+        table, notes = cost_table(prepared, runs, target, how="measure" if measure else "timings", flags=flags,
+                                  drafts=drafts)
+    except TranscriptError as e:
+        if measure:
+            raise
+        notes.append(f"no speed prediction: {e}")
+    payload = {"format": "spec-replay-tune", "version": report_json.REPORT_VERSION,
+               "speed_model": None if table is None else table.to_json(), "notes": notes,
+               "settings": [r.to_json(table) for r in runs]}
+    if html_file:
+        from replay.report.pages import tune_page
+        write_atomic(html_file, tune_page(payload), force=force)
     if as_json:
-        click.echo(report_json.dumps({"format": "spec-replay-tune", "version": report_json.REPORT_VERSION,
-                                      "settings": [r.to_json() for r in runs]}, indent=2))
+        click.echo(report_json.dumps(payload, indent=2))
         return
-    ranked = [runs[0]] + sorted(runs[1:], key=lambda r: (r.decodes_per_token is None, r.decodes_per_token or 0))
+    show(runs, table, notes, samples)
+    if html_file:
+        click.echo(f"wrote {html_file}", err=True)
+
+
+def _tune_on_workers(transcript: str, request_file: str | None, model: str, flags: dict, varies, *, build: int | None,
+                     renamed: bool, samples: int, workers: int, per_setting: int, progress) -> list:
+    """Settings over `workers` processes (scale/local.py), each loading the models and reading the records
+    once; the baseline is checked wherever it runs (its error stops the run)."""
+    from replay.runtime.binding import loaded_path
+    from replay.scale.local import run_local
+    from replay.scale.worker import Job, TuneOptions, default_threads
+    from replay.transcripts.chains import Unit
+    from replay.transcripts.files import read_request
+    from replay.transcripts.readers import read_source
+    from replay.tuning.sweep import sweep
+    n = len(sweep(varies))
+    job = Job(read_source(Path(transcript)), str(transcript), read_request(request_file) if request_file else None,
+              str(Path(model).resolve()), flags, threads=flags.get("threads") or default_threads(workers),
+              libllama=None if loaded_path() is None else str(loaded_path()),
+              tune=TuneOptions(tuple(varies), build, renamed, samples))
+    got: dict[int, Any] = {}
+
+    def on_event(kind: str, what) -> None:
+        if kind == "done":
+            got[what.index] = what.run
+            progress(per_setting)
+    run_local(job, [Unit((k,)) for k in range(n)], workers, on_event)
+    return [got[k] for k in range(n)]
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def show(runs, table, notes: list[str], samples: int) -> None:
+    """The ranked table and what its numbers are."""
+    if table is not None:
+        ranked = sorted(runs, key=lambda r: -(r.speed(table)[0] or 0.0))
+    else:
+        ranked = [runs[0]] + sorted(runs[1:], key=lambda r: (r.decodes_per_token is None, r.decodes_per_token or 0))
     rows = []
     for r in ranked:
         by_pos = r.by_position()
-        rows.append([r.setting.spelled, r.tokens, r.total("drafted"), r.total("accepted"),
-                     "-" if r.acceptance is None else f"{r.acceptance:.2f}", r.target_decodes,
-                     "-" if r.decodes_per_token is None else f"{r.decodes_per_token:.3f}",
-                     sum(x.draft[0] for x in r.records),
-                     " ".join("-" if p is None else f"{p:.2f}" for p in by_pos[:8]) + (" ..." if len(by_pos) > 8 else "")])
-    click.echo(tabulate(rows, headers=["setting", "tokens", "drafted", "accepted", "acceptance", "target decodes",
-                                       "decodes/token", "draft decodes", "acceptance by position"]))
-    sampled = [x.record for x in runs[0].records if not x.exact]
+        exp = r.expected
+        row = [r.setting.spelled, r.tokens, r.total("drafted"), r.total("accepted"), _f(r.acceptance),
+               _f(None if exp is None else exp.acceptance), _f(r.decodes_per_token, "{:.3f}"),
+               sum(x.draft[0] for x in r.records),
+               " ".join(_f(p) for p in by_pos[:8]) + (" ..." if len(by_pos) > 8 else "")]
+        if table is not None:
+            tps, up = r.speed(table)
+            samp = r.sampled(table) if samples > 1 else None
+            row += [samp["tokens_per_second"].describe("{:.1f}") if samp and "tokens_per_second" in samp
+                    else _f(tps, "{:.1f}"), _f(up, "{:.2f}x")]
+        rows.append(row)
+    headers = ["setting", "tokens", "drafted", "accepted", "acceptance", "expected", "decodes/token", "draft decodes",
+               "acceptance by position"] + (["predicted tok/s", "speed-up"] if table is not None else [])
+    click.echo(tabulate(rows, headers=headers))
+    if table is not None:
+        click.echo(f"speed model: {table.source}; speed-up is against the same tokens without speculation")
+    else:
+        click.echo("ranked by target decodes per token (no speed model: give --measure)")
+    for n in notes:
+        click.echo(f"note: {n}")
+    base = runs[0].records
+    sampled = [x.record for x in base if not x.exact]
     if sampled:
+        how = (f"{samples} runs each (the request's seed and the next {samples - 1}): mean [95% interval]"
+               if samples > 1 else "one run with the request's seed")
         click.echo(f"note: records {', '.join(map(str, sampled[:10]))}{' ...' if len(sampled) > 10 else ''} sample at "
-                   "temperature > 0: their counts are one run with the request's seed under each setting, not an "
-                   "expectation")
+                   f"temperature > 0: their counts are {how}; 'expected' is the verifier's expectation given each "
+                   "draft (exact over its draws)")
     moved = sorted({x.record for r in runs[1:] for x in r.records if x.exact and x.same_tokens is False})
     if moved:
         click.echo(f"note: at temperature 0, records {', '.join(map(str, moved[:10]))} emit other tokens under some "
                    "setting: its verify batches moved a near-tie (batch numerics), so those counts are that "
                    "setting's own run")
+    why = sorted({x.no_expectation for r in runs for x in r.records if x.no_expectation})
+    if why:
+        click.echo(f"note: no expected acceptance where {'; '.join(why)}")

@@ -30,6 +30,7 @@ from replay.errors import ModelError, located
 from replay.loop.loop import Request, SpeculativeLoop
 from replay.loop.replayable import drafts_with_model
 from replay.loop.state import SlotState
+from replay.loop.work import Work, since
 from replay.reading.identity import compare_draft, mismatch
 from replay.reading.record import ReadRecord, read_record
 from replay.runtime.gguf import check_gguf
@@ -54,9 +55,17 @@ def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape:
     contexts = {"target": loop.ctx, "draft": loop.memory.draft}
     before = {k: (c.n_decodes, c.n_rows) for k, c in contexts.items() if c is not None}
     try:
-        steps = list(loop.steps())
+        steps: list = []
+        gen0 = None  # the counters when the generation phase began (loop/work.py)
+        for step in loop.steps():
+            steps.append(step)
+            if gen0 is None:
+                gen0 = {k: dict(c.batches) for k, c in contexts.items() if c is not None}, loop.chain.n_applies
         schedule = schedule_of(loop.memory, request.spans)
         decodes = {k: (contexts[k].n_decodes - n, contexts[k].n_rows - r) for k, (n, r) in before.items()}
+        work = Work(since(gen0[0]["target"], loop.ctx.batches),
+                    since(gen0[0].get("draft", {}), contexts["draft"].batches) if contexts["draft"] is not None else {},
+                    loop.chain.n_applies - gen0[1], loop.draft_samples(), len(loop.emitted))
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]
@@ -73,7 +82,7 @@ def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape:
                        div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
                        post=bool(request.settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
                        spec=request.spec, settings=request.settings, compared=compared, schedule=schedule,
-                       decodes=decodes)
+                       decodes=decodes, work=work)
 
 
 PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n
@@ -134,14 +143,15 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
 
 
 def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None = None, drafts: Drafts | None = None,
-               renamed: bool = False, spans: MessageSpans | None = None) -> TraceResult:
+               renamed: bool = False, spans: MessageSpans | None = None, expect: bool = False) -> TraceResult:
     """The loop over a record already read (reading/record.py read_record), compared with it. `spans`: the
     prompt's message spans, where the caller has them (tune replays one read under many speculative settings,
-    each a copy of the read with its `spec` replaced)."""
+    each a copy of the read with its `spec` replaced); `expect` as in loop.Request."""
     rec, spec, settings = read.rec, read.spec, read.settings
     draft_model = _draft(drafts or Drafts(), spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
     request = Request(read.prompt, settings, spec, settings.params.n_probs or 5,
-                      message_spans(rec, target, list(read.prompt)) if spans is None else spans, read.cached)
+                      message_spans(rec, target, list(read.prompt)) if spans is None else spans, read.cached,
+                      expect=expect)
     res = run_loop(target, request, SlotConfig.of(read.context, rec.flags, read.shape.build), shape=read.shape,
                    draft_model=draft_model, recorded=read.plan, timings=read.draft_totals, slot_state=slot_state,
                    stream=rec.stream)
@@ -160,7 +170,7 @@ def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None 
 
 
 def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build: int | None = None,
-                 source: Path | None = None, drafts: Drafts | None = None) -> TraceResult:
+                 source: Path | None = None, drafts: Drafts | None = None, expect: bool = False) -> TraceResult:
     """Run the loop from scratch on a text prompt: a /completion request that sets only the prompt
     (and 5 probabilities), on a server started with `flags` (--seed 1 and -n 32 unless given), in the
     loop shape of `source` or `build` (default: the newest)."""
@@ -175,7 +185,7 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     draft_model = (drafts or Drafts()).get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
-    return run_loop(target, Request(tuple(ids), settings, spec, 5), SlotConfig.of(ctx, None, shape.build),
+    return run_loop(target, Request(tuple(ids), settings, spec, 5, expect=expect), SlotConfig.of(ctx, None, shape.build),
                     shape=shape, draft_model=draft_model)
 
 

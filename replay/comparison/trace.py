@@ -28,6 +28,7 @@ from replay.comparison.divergence import (
     possibly_ahead,
 )
 from replay.loop.loop import Emitted, Step
+from replay.loop.work import Work
 from replay.runtime.binding import library_in_use
 from replay.runtime.llama import Model
 from replay.settings import describe
@@ -59,6 +60,7 @@ class TraceResult:
     schedule: dict | None = None  # the prompt batches and the slot's checkpoints (schedule/), as recover reports them
     # the replay's decode calls and rows for this request, prompt included: {"target": (calls, rows), "draft": ...}
     decodes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    work: Work | None = None  # the generation phase's decodes by batch size and chain passes (loop/work.py)
 
     @property
     def reproduced(self) -> bool | None:

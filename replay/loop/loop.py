@@ -36,7 +36,8 @@ from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
 from replay.loop.drafters import Drafter, make_drafters
 from replay.loop.state import SlotState
 from replay.loop.replayable import check_replayable
-from replay.loop.verify import match_continues, rejection_step
+from replay.loop.expectation import acceptance_prob, not_expectable
+from replay.loop.verify import match_continues, prob_of, rejection_step
 from replay.numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
 from replay.numerics.server_probs import pre_sampling
 from replay.runtime.llama import Model
@@ -92,6 +93,9 @@ class Step:
     draft_q: list[float] | None = None  # draft probability of each draft token (probabilistic draft-simple)
     target_p: list[float] = field(default_factory=list)  # target (post-sampling) p of each verified draft token
     uniforms: list[list[float | None]] = field(default_factory=list)  # rejection draws: [u_accept, u_residual]
+    # the verifier's probability of keeping each draft token once the ones before it were kept (Request.expect;
+    # None: not asked, or the chain has no such probability: loop/expectation.py)
+    accept_p: list[float] | None = None
     accepted: int = 0
     resampled: int | None = None
     bonus: int | None = None
@@ -99,7 +103,7 @@ class Step:
 
     def to_json(self) -> dict:
         keys = ("index", "pos0", "sampled", "drafter", "draft", "draft_q", "target_p", "uniforms", "rule",
-                "accepted", "resampled", "bonus", "emitted")
+                "accepted", "resampled", "bonus", "emitted") + (("accept_p",) if self.accept_p is not None else ())
         return {k: getattr(self, k) for k in keys}
 
 
@@ -186,6 +190,7 @@ class Request:
     n_probs: int = 0
     spans: MessageSpans = NO_SPANS
     cached: int | None = None
+    expect: bool = False  # take each draft's acceptance probabilities (Step.accept_p, loop/expectation.py: tune)
 
 
 class SpeculativeLoop:
@@ -215,6 +220,7 @@ class SpeculativeLoop:
         self.n_probs = max(request.n_probs, 1)
         self.notes: list[str] = []
         self.spans, self.cached = request.spans, request.cached
+        self.expect = request.expect and not_expectable(params, settings.grammar is not None) is None
         self.checkpoint = SpecCheckpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
         self.pending: PendingReplay | None = None
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
@@ -263,6 +269,10 @@ class SpeculativeLoop:
             self.notes.append("no speculative type: the server did not speculate (from b9464 it speculates only "
                               "with --spec-type; -md alone loads the draft and never drafts); traced without drafting")
         return types, draft_model
+
+    def draft_samples(self) -> int:
+        """The draft chains' passes so far (one per drafted position)."""
+        return sum(d.chain.n_applies for d in self.drafters if isinstance(d, DraftSimple) and d.chain is not None)
 
     def close(self) -> None:
         """Free the request's samplers; the slot's memory stays with its SlotState (freed here if the loop made it)."""
@@ -337,10 +347,11 @@ class SpeculativeLoop:
             draft, drafter, q = self.draft_step(pos0)
         before = SamplerState(self.chain.snapshot(), copy.deepcopy(self.rng)) if self.ckpt_tgt and draft else None
         self.decode([sampled] + draft, pos0)
+        accept_p = self.acceptance(draft, q) if self.expect and draft and pending is None else None
         rule, v = self.verify(draft, q, replay=pending is not None)
         step = Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
                     draft=list(draft), draft_q=_q_of(draft, q), target_p=v.target_p, uniforms=v.uniforms,
-                    accepted=len(v.ids) - 1, resampled=v.resampled, bonus=v.bonus)
+                    accept_p=accept_p, accepted=len(v.ids) - 1, resampled=v.resampled, bonus=v.bonus)
         if before is not None and len(v.ids) < len(draft) + 1:
             self.restore(pos0, before)
             self.pending = PendingReplay(list(v.ids), drafter)
@@ -424,6 +435,27 @@ class SpeculativeLoop:
         self.ctx.decode(tokens, pos0, [True] * len(tokens))
         if self.draft_ctx is not None:
             self.draft_ctx.ctx.decode(tokens, pos0, [False] * (len(tokens) - 1) + [True])
+
+    def acceptance(self, draft: list[int], q: list | None) -> list[float]:
+        """a[j] for every draft position (loop/expectation.py): the target chain's p of d[j] at row j with
+        d[0..j) accepted into its history, divided by q under the rejection rule. The chain (its history
+        and random state) is put back as it was: verification then runs as the server's."""
+        rule = "rejection" if q is not None else "sample-and-match"  # as verify() chooses
+        snap = self.chain.snapshot()
+        out = []
+        try:
+            for j, d_tok in enumerate(draft):
+                cands, _ = self.chain.apply(self.ctx.logits(j))
+                p = float(self._target_p(cands)[cands["id"] == d_tok].sum()) if len(cands) else 0.0
+                q_j = None
+                if rule == "rejection":
+                    qi, qp = q[j]
+                    q_j = float(prob_of(qi, qp, d_tok))
+                out.append(acceptance_prob(rule, p, q_j))
+                self.chain.accept(d_tok)
+        finally:
+            self.chain.restore(snap)
+        return out
 
     def verify_rejection(self, draft: list[int], q: list) -> Verified:
         """common_sampler_sample_and_accept_n_rejection (common/sampling.cpp:732-836)."""

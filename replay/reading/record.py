@@ -58,6 +58,12 @@ class ReadRecord:
         return n_prompt_cached(self.final)
 
     @property
+    def timings(self) -> dict | None:
+        """The server's timings object, where it sent one."""
+        t = (self.final or {}).get("timings")
+        return t if isinstance(t, dict) else None
+
+    @property
     def draft_totals(self) -> dict | None:
         """The server's draft_n and draft_n_accepted (its timings), None where it sent no timings."""
         timings = (self.final or {}).get("timings")

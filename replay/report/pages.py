@@ -172,3 +172,47 @@ def trace_page(results: Iterable[tuple[str, Any]], piece: Callable[[int], str], 
 def recover_page(res: RecoverResult) -> str:
     """`recover --html` / `diff --html`: server vs true logprob per token, placeholders marked."""
     return page(recover_data(res), "spec-replay recover")
+
+
+def tune_data(report: dict[str, Any]) -> dict[str, Any]:
+    """The tune page's data from tune's JSON report (cli/tune.py): per setting, ranked by predicted speed
+    (else in sweep order), its prediction with any interval, acceptance counted and expected by position,
+    and each record's target decodes per token in the generation phase.
+
+    >>> rep = {"speed_model": None, "notes": [], "settings": [{"setting": "as recorded", "tokens": 3, "drafted": 2,
+    ...        "accepted": 1, "acceptance": 0.5, "target_decodes_per_token": 1.0, "acceptance_by_position": [0.5],
+    ...        "expected": None, "samples": None, "records": [{"record": 1, "tokens": 3, "drafted": 2, "accepted": 1,
+    ...        "generation": {"target_batches": {"3": 1, "1": 1}}}]}]}
+    >>> d = tune_data(rep)
+    >>> d["settings"][0]["records"][0]["decodes_per_token"], d["tokens"]
+    (1.0, 3)
+    """
+    settings = []
+    for k, s in enumerate(report["settings"]):
+        pred = s.get("predicted") or {}
+        samples = s.get("samples") or {}
+        samp, samp_up = samples.get("tokens_per_second") or {}, samples.get("speedup") or {}
+        exp = s.get("expected") or {}
+        recs = []
+        for r in s["records"]:
+            steps = sum((r.get("generation") or {}).get("target_batches", {}).values())
+            recs.append({"record": r["record"], "tokens": r["tokens"],
+                         "acceptance": _num(r["accepted"] / r["drafted"]) if r["drafted"] else None,
+                         "decodes_per_token": _num(steps / (r["tokens"] - 1)) if r["tokens"] > 1 else None})
+        settings.append({"name": s["setting"], "baseline": k == 0, "tps": _num(pred.get("tokens_per_second")),
+                         "speedup": _num(pred.get("speedup")), "tps_interval": samp.get("interval_95"),
+                         "interval": samp_up.get("interval_95"), "acceptance": _num(s["acceptance"]), "expected": _num(exp.get("acceptance")),
+                         "decodes_per_token": _num(s["target_decodes_per_token"]), "drafted": s["drafted"],
+                         "accepted": s["accepted"], "by_position": [_num(p) for p in s["acceptance_by_position"]],
+                         "expected_by_position": [_num(p) for p in exp.get("acceptance_by_position") or []],
+                         "records": recs})
+    if any(s["tps"] is not None for s in settings):
+        settings.sort(key=lambda s: -(s["tps"] or 0.0))
+    first = report["settings"][0] if report["settings"] else {"records": [], "tokens": 0}
+    return {"kind": "tune", "speed_model": (report.get("speed_model") or {}).get("source"), "notes": report["notes"],
+            "records": len(first["records"]), "tokens": first["tokens"], "settings": settings}
+
+
+def tune_page(report: dict[str, Any]) -> str:
+    """`tune --html`: predicted speed-up by setting, acceptance by position, the spread over records."""
+    return page(tune_data(report), "spec-replay tune")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -322,6 +323,7 @@ class Context(_Owner):
         self.model = model
         self.n_decodes = 0  # llama_decode calls that succeeded, and the batch rows they decoded
         self.n_rows = 0
+        self.batches: Counter[int] = Counter()  # the same calls by their rows
         p = L.llama_context_default_params()
         p.n_ctx, p.n_batch, p.n_ubatch = n_ctx, n_batch, n_ubatch
         # a unified cache for n slots sizes the sliding-window cache for all of them:
@@ -374,6 +376,7 @@ class Context(_Owner):
             raise DecodeError(rc)
         self.n_decodes += 1
         self.n_rows += len(tokens)
+        self.batches[len(tokens)] += 1
         if seq_id == 0:
             if pos0 <= len(self.kv_tokens):
                 self.kv_tokens[pos0:] = tokens

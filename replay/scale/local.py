@@ -64,7 +64,9 @@ def _main(wid: int, job: Job, tasks, results, parent: int) -> None:  # pragma: n
 
 
 def record_name(job: Job, index: int | None) -> str:
-    return f"{job.source}, record {index + 1}" if index is not None else f"{job.source} (loading the model)"
+    if index is None:
+        return f"{job.source} (loading the model)"
+    return f"{job.source}, setting {index + 1} of the sweep" if job.tune is not None else f"{job.source}, record {index + 1}"
 
 
 def run_local(job: Job, units: Sequence[Unit], workers: int, on_event: Callable[[str, object], None]) -> None:

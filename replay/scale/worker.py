@@ -31,6 +31,17 @@ class TraceOptions:
 
 
 @dataclass(frozen=True)
+class TuneOptions:
+    """tune's sweep (`--vary`, `--build`, `--renamed-model`, `--samples`): a Job with these replays one
+    setting per unit (Unit.records holds its index in the sweep) instead of recovering."""
+
+    varies: tuple[str, ...]
+    build: int | None = None
+    renamed: bool = False
+    samples: int = 1
+
+
+@dataclass(frozen=True)
 class Job:
     """What every evaluator of one run needs (picklable)."""
 
@@ -43,10 +54,11 @@ class Job:
     threads: int | None = None  # -t per evaluator (values do not depend on it)
     libllama: str | None = None  # the driver's libllama file (None: the binding's own)
     trace: TraceOptions | None = None  # trace the records instead of recovering them
+    tune: TuneOptions | None = None  # replay settings of a sweep instead
 
     @property
     def verb(self) -> str:
-        return "recovering" if self.trace is None else "tracing"
+        return "tuning" if self.tune is not None else "recovering" if self.trace is None else "tracing"
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,14 @@ class Done:
     index: int
     line: str | None
     report: RecordReport
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """One setting of a sweep over the whole file: its index in the sweep and its SettingRun."""
+
+    index: int
+    run: Any
 
 
 @dataclass(frozen=True)
@@ -83,7 +103,8 @@ class Evaluator:
         self.flags = flags
         self.recoverer: Recoverer | None = None
         self.target = self.drafts = None  # trace's target and draft models
-        if job.trace is None:
+        self.prepared = None  # tune's records, read once
+        if job.trace is None and job.tune is None:
             self.recoverer = Recoverer(job.model, flags, job.options, records=self.records)
         else:
             from replay.commands.trace import Drafts
@@ -98,6 +119,9 @@ class Evaluator:
     def run(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
         """Recover (trace) `unit`'s records in order: emit("start", index) before each, emit("done",
         Done | Traced) after each one not already finished."""
+        if self.job.tune is not None:
+            self._tune(unit, emit)
+            return
         if self.target is not None:
             self._trace(unit, emit)
             return
@@ -122,6 +146,19 @@ class Evaluator:
                                    source=opts.source and Path(opts.source), slot_state=state.slot(rec),
                                    drafts=self.drafts, renamed=opts.renamed, shared=shared.get(rec.index))
                 emit("done", Traced(k, res.lighten()))
+
+    def _tune(self, unit: Unit, emit: Callable[[str, object], None]) -> None:
+        from replay.commands.tune import prepare, run_setting
+        from replay.tuning.sweep import sweep
+        opts = self.job.tune
+        if self.prepared is None:
+            self.prepared = prepare(self.records, self.target, self.flags, build=opts.build, renamed=opts.renamed)
+        settings = sweep(opts.varies)
+        for k in unit.records:
+            emit("start", k)
+            run = run_setting(self.prepared, settings[k], self.target, flags=self.flags, drafts=self.drafts,
+                              renamed=opts.renamed, samples=opts.samples)
+            emit("done", Tuned(k, run))
 
     def close(self) -> None:
         if self.recoverer is not None:

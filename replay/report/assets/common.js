@@ -75,3 +75,12 @@ function notesList(notes) {
   if (!notes || !notes.length) return null;
   return el("ul", { class: "notes" }, ...notes.map((n) => el("li", {}, n)));
 }
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs, text) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = String(text);
+  return e;
+}

@@ -2,14 +2,6 @@
 // token (placeholders marked), and the mean logprob and perplexity of both side by side.
 const STATUS_LABEL = { ok: "real, checked", placeholder: "placeholder (recovered)", missing: "missing (recovered)",
                        mismatch: "disagrees", unaligned: "unaligned" };
-const SVG = "http://www.w3.org/2000/svg";
-
-function svg(tag, attrs) {
-  const e = document.createElementNS(SVG, tag);
-  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
-  return e;
-}
-
 // server (orange) and true (blue) logprob per token; a placeholder is a hollow orange dot at 0
 function chart(r) {
   const W = 1000, H = 200, pad = 24, n = Math.max(1, r.tokens.length - 1);

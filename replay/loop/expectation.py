@@ -1,0 +1,87 @@
+"""The expected acceptance of a draft: what the verifier keeps on average, given the draft.
+
+`tune` reports, beside the counts of one run, the acceptance the verifier's own probabilities give
+along a draft (docs/tune.md). At position j of a draft d[0..n), once d[0..j) were kept, the verifier
+keeps d[j] with probability a[j]:
+
+    sample-and-match   a[j] = p(d[j])                 the target chain's draw equals the draft token
+                                                       (common/sampling.cpp:686-718)
+    rejection          a[j] = min(1, p(d[j]) / q(d[j])), 0 where q(d[j]) = 0
+                                                       (common/sampling.cpp:785-796)
+
+where p is the target chain's distribution at row j after the draft's first j tokens went into its
+history, and q the draft's. A draft then keeps k or more tokens with probability a[0]...a[k-1], and
+keeps sum_k a[0]...a[k-1] tokens on average. At temperature 0, p is one-hot: a[j] is 0 or 1 and the
+expectation is the count.
+
+What this is exact for: the verifier's draws, given each draft and the context it was drafted in. A
+probabilistic draft's own draws (draft-simple sampling at temperature > 0) are one sample. Chains whose
+distribution is not a function of the logits and the history (a grammar's resample, mirostat's and
+adaptive-p's state, XTC's own draw) have no such p: `not_expectable` names them.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def acceptance_prob(rule: str, p: float, q: float | None) -> float:
+    """a[j] for one position (module docstring).
+
+    >>> acceptance_prob("sample-and-match", 0.25, None)
+    0.25
+    >>> acceptance_prob("rejection", 0.2, 0.4), acceptance_prob("rejection", 0.5, 0.4), acceptance_prob("rejection", 0.5, 0.0)
+    (0.5, 1.0, 0.0)
+    """
+    if rule == "rejection":
+        if not q or q <= 0:
+            return 0.0
+        return min(1.0, p / q)
+    return float(p)
+
+
+def kept_by_position(a: Sequence[float]) -> list[float]:
+    """P(the draft keeps position k), k = 0..n-1: the running products a[0]...a[k].
+
+    >>> kept_by_position([0.5, 0.5, 1.0])
+    [0.5, 0.25, 0.25]
+    """
+    out, run = [], 1.0
+    for x in a:
+        run *= x
+        out.append(run)
+    return out
+
+
+def expected_kept(a: Sequence[float]) -> float:
+    """The expected number of draft tokens kept: sum_k a[0]...a[k].
+
+    >>> expected_kept([1.0, 1.0, 0.0, 1.0])
+    2.0
+    >>> expected_kept([])
+    0.0
+    """
+    return float(sum(kept_by_position(a)))
+
+
+def not_expectable(params, has_grammar: bool) -> str | None:
+    """Why the target chain has no distribution to take a[j] from (None: it has one). `params` is the
+    request's SamplingParams (settings/sampling.py).
+
+    >>> from types import SimpleNamespace as S
+    >>> base = dict(mirostat=0, samplers=("top_k", "temperature"), xtc_probability=0.0, xtc_threshold=0.1)
+    >>> not_expectable(S(**base), False) is None
+    True
+    >>> not_expectable(S(**base), True)
+    'a grammar resamples what it rejects'
+    >>> not_expectable(S(**{**base, "mirostat": 2}), False)
+    'mirostat keeps a state the draw moves'
+    """
+    if has_grammar:
+        return "a grammar resamples what it rejects"
+    if params.mirostat:
+        return "mirostat keeps a state the draw moves"
+    if "adaptive_p" in params.samplers:
+        return "adaptive-p keeps a state the draw moves"
+    if "xtc" in params.samplers and params.xtc_probability > 0 and params.xtc_threshold <= 0.5:
+        return "XTC draws its own cut"
+    return None

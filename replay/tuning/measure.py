@@ -1,0 +1,100 @@
+"""The cost table measured on this host with the user's models (`tune --measure`).
+
+Each operation the generation phase performs (tuning/costs.py) is timed here, in this process, with the
+libllama the replay computes with: the target's and the draft model's contexts made as the server makes
+its slot's (schedule/memory.py SlotConfig: -c, -b, -ub, -t, -fa, the KV types), filled to the depth the
+records generate at, then for every batch size the sweep decodes, a decode of that many rows at that
+depth (outputs on every row for the target, on the last for the draft, as the loop decodes them), taken
+back out with a sequence removal and repeated; the median of `reps` after one warm-up. Sampling is timed
+likewise: the request's own target chain over one row of real logits, and the draft chain (top-k 10,
+common/speculative.cpp:273-281) over one of the draft model's.
+
+What it does not see: the server's HTTP and detokenizing work per token, and another machine's speed.
+A transcript with timings scales the table to the server's (tuning/calibrate.py).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Iterable, Sequence
+
+from replay.loop.draft_model import DRAFT_TOP_K
+from replay.runtime.llama import Context, Model
+from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain
+from replay.schedule.memory import SlotConfig
+from replay.settings.sampling import SamplingParams
+from replay.tuning.costs import CostTable
+
+REPS = 5
+
+
+def _median_ms(fn: Callable[[], None], reps: int) -> float:
+    fn()  # warm-up: first-use allocations, caches
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+def _fill(ctx: Context, tokens: Sequence[int], depth: int) -> None:
+    """Decode `depth` positions of `tokens` (repeated as needed) in the context's batches."""
+    ids = (list(tokens) * (depth // max(len(tokens), 1) + 1))[:depth]
+    for a in range(0, len(ids), ctx.n_batch):
+        ctx.decode(ids[a:a + ctx.n_batch], a)
+
+
+def _decode_costs(ctx: Context, sizes: Iterable[int], depth: int, token: int, *, all_rows: bool,
+                  reps: int) -> dict[int, float]:
+    out = {}
+    for b in sorted(set(sizes)):
+        if b <= 0 or depth + b > ctx.n_ctx:
+            continue
+        outs = [True] * b if all_rows else [False] * (b - 1) + [True]
+
+        def once() -> None:
+            ctx.decode([token] * b, depth, outs)
+            ctx.seq_rm(0, depth, -1)
+        out[b] = _median_ms(once, reps)
+    return out
+
+
+def measure(target: Model, draft: Model | None, slot: SlotConfig, params: SamplingParams, *,
+            target_sizes: Iterable[int], draft_sizes: Iterable[int], depth: int, tokens: Sequence[int],
+            draft_types: tuple[str, str] = ("f16", "f16"), reps: int = REPS) -> CostTable:
+    """The cost table (module docstring): decodes of each size in `target_sizes` / `draft_sizes` at KV depth
+    `depth` (filled with `tokens`), the target chain built from `params` and the draft chain."""
+    depth = max(1, min(depth, slot.n_ctx - max([*target_sizes, *draft_sizes, 1]) - 1))
+    token = tokens[-1] if tokens else 0
+    ctx = slot.context(target)
+    try:
+        _fill(ctx, tokens, depth)
+        t_costs = _decode_costs(ctx, target_sizes or [1], depth, token, all_rows=True, reps=reps)
+        ctx.decode([token], depth, [True])
+        logits = ctx.logits(0)
+        ctx.seq_rm(0, depth, -1)
+    finally:
+        ctx.close()
+    chain = SamplerChain(target, params)
+    try:
+        t_sample = _median_ms(lambda: chain.sample(logits), reps)
+    finally:
+        chain.close()
+    d_costs, d_sample = {}, 0.0
+    if draft is not None:
+        dctx = slot.context(draft, *draft_types)
+        try:
+            _fill(dctx, tokens, depth)
+            d_costs = _decode_costs(dctx, sorted(set(draft_sizes) | {1}), depth, token, all_rows=False, reps=reps)
+            dctx.decode([token], depth, [True])
+            d_logits = dctx.logits(0)
+        finally:
+            dctx.close()
+        dchain = SamplerChain(draft, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K, seed=LLAMA_DEFAULT_SEED))
+        try:
+            d_sample = _median_ms(lambda: dchain.apply(d_logits), reps)
+        finally:
+            dchain.close()
+    return CostTable(t_costs, d_costs, t_sample, d_sample,
+                     source=f"measured on this host ({slot.threads} threads, KV depth {depth}, median of {reps})")

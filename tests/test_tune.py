@@ -2,8 +2,7 @@
 
 Quick tier: the committed b11434 transcripts and the tiny fixtures. The transcript's own settings must
 reproduce its draft totals exactly before anything else is reported; other settings change how many
-decodes the same traffic takes. Live: eight SmolLM2 chat requests at temperature 0, recorded from a
-speculating b11434 server, under draft lengths and n-gram types: every setting emits the recorded tokens.
+decodes the same traffic takes. Real servers' traffic: tests/test_tune_live.py.
 """
 from __future__ import annotations
 
@@ -108,41 +107,6 @@ def test_the_command_prints_a_ranked_table_and_json():
     assert "one run with the request's seed" in r.stdout
     d = json.loads(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=1,8", "--json").stdout)
     assert d["format"] == "spec-replay-tune" and [s["drafted"] for s in d["settings"]] == [36, 13, 82]
-
-
-@pytest.mark.build
-@pytest.mark.live_server
-@pytest.mark.model
-def test_eight_chat_requests_at_temperature_0_emit_the_same_tokens_under_every_setting(start_server, smollm2,
-                                                                                          tmp_path):
-    from replay.commands.record import RequestItem, record_one
-    from replay.llamacpp.process import ServerConfig
-    from replay.transcripts.format import dumps
-    srv = start_server(ServerConfig(smollm2, draft_model=smollm2, spec_types=("draft-simple",), n_ctx=2048))
-    topics = ["the sea", "a lighthouse", "bread", "the moon", "a river", "winter", "a library", "the wind"]
-    lines = []
-    for k, topic in enumerate(topics):
-        body = {"messages": [{"role": "user", "content": f"Write two sentences about {topic}."}], "max_tokens": 40,
-                "logprobs": True, "top_logprobs": 2, "temperature": 0, "seed": 7 + k}
-        lines.append(dumps(record_one(srv.url, RequestItem("/v1/chat/completions", body), srv.config.flags_block()),
-                           indent=None))
-    recs = read_text("\n".join(lines) + "\n", "chat.jsonl")
-    model = Model(smollm2)
-    try:
-        runs = tune(recs, model, ["--spec-draft-n-max=2,8", "--spec-type=draft-simple,ngram-simple"],
-                    flags={"draft_model": str(smollm2)})
-    finally:
-        model.close()
-    base = runs[0]
-    assert len(base.records) == 8 and all(r.exact for r in base.records)
-    for run_ in runs[1:]:
-        assert all(r.same_tokens for r in run_.records), (run_.setting.spelled,
-                                                          [r.record for r in run_.records if not r.same_tokens])
-    by = {r.setting.spelled: r for r in runs}
-    assert by["--spec-draft-n-max 8 --spec-type draft-simple"].total("drafted") > \
-        by["--spec-draft-n-max 2 --spec-type draft-simple"].total("drafted")
-    print("\n" + "\n".join(f"{r.setting.spelled}: {r.tokens} tokens, {r.target_decodes} target decodes, "
-                           f"acceptance {r.acceptance}" for r in runs))
 
 
 @pytest.mark.processes

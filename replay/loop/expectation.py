@@ -12,7 +12,9 @@ keeps d[j] with probability a[j]:
 where p is the target chain's distribution at row j after the draft's first j tokens went into its
 history, and q the draft's. A draft then keeps k or more tokens with probability a[0]...a[k-1], and
 keeps sum_k a[0]...a[k-1] tokens on average. At temperature 0, p is one-hot: a[j] is 0 or 1 and the
-expectation is the count.
+expectation is the count. "Kept" is what the server counts as an accepted draft (draft_n_accepted):
+sample-and-match stops at a matched end-of-generation token before the draft's end and counts it as the
+target's own draw, so such a token and every one after it keep nothing (loop/loop.py acceptance).
 
 What this is exact for: the verifier's draws, given each draft and the context it was drafted in. A
 probabilistic draft's own draws (draft-simple sampling at temperature > 0) are one sample. Chains whose

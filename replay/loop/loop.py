@@ -438,8 +438,10 @@ class SpeculativeLoop:
 
     def acceptance(self, draft: list[int], q: list | None) -> list[float]:
         """a[j] for every draft position (loop/expectation.py): the target chain's p of d[j] at row j with
-        d[0..j) accepted into its history, divided by q under the rejection rule. The chain (its history
-        and random state) is put back as it was: verification then runs as the server's."""
+        d[0..j) accepted into its history, divided by q under the rejection rule; 0 from an end-of-generation
+        draft token before the draft's end on (sample-and-match stops there and counts it as no accepted
+        draft). The chain (its history and random state) is put back as it was: verification then runs as
+        the server's."""
         rule = "rejection" if q is not None else "sample-and-match"  # as verify() chooses
         snap = self.chain.snapshot()
         out = []
@@ -451,6 +453,12 @@ class SpeculativeLoop:
                 if rule == "rejection":
                     qi, qp = q[j]
                     q_j = float(prob_of(qi, qp, d_tok))
+                if rule == "sample-and-match" and self.era.eog_rule and self.target.is_eog(d_tok) and j + 1 < len(draft):
+                    # the verifier stops at a matched end of generation before the draft's end: it is emitted
+                    # as the target's own draw, not counted as an accepted draft, and nothing after it is
+                    # (match_continues, common/sampling.cpp:696)
+                    out += [0.0] * (len(draft) - j)
+                    break
                 out.append(acceptance_prob(rule, p, q_j))
                 self.chain.accept(d_tok)
         finally:

@@ -1,6 +1,7 @@
 """`tune` on traffic recorded from real b11434 servers: eight chat requests at temperature 0 per server,
 SmolLM2 drafting for itself on a one-slot server, Gemma 3 with its Q2_K draft on a server started with
-default flags (4 slots, a unified KV cache), and SmolLM2 with n-gram drafting on a default-flag server.
+default flags (4 slots, a unified KV cache), and SmolLM2 with n-gram drafting on a default-flag server;
+and eight at temperature 1 with a probabilistic draft (the rejection rule).
 
 Every sweep must first reproduce the transcript (tokens and draft totals: tune refuses otherwise); at
 temperature 0 every setting must emit the recorded tokens, and the verifier's expected acceptance must be
@@ -106,3 +107,32 @@ def test_smollm2_ngram_drafting_on_a_default_flag_server(start_server, smollm2):
     _same_tokens_and_expectation_is_the_count(runs)
     by = {r.setting.spelled: r for r in runs}
     assert by["--spec-type ngram-simple --spec-ngram-simple-size-n 4"].total("drafted") == runs[0].total("drafted")
+
+
+def test_smollm2_sampling_at_temperature_1_with_a_probabilistic_draft(start_server, smollm2):
+    """The rejection rule at t > 0: the baseline reproduces the recorded run exactly; other draft lengths draw
+    their own samples (their expectation is along their own tokens); --samples adds runs with the next seeds."""
+    srv = start_server(ServerConfig(smollm2, draft_model=smollm2, spec_types=("draft-simple",),
+                                    draft_sampling="probabilistic", n_ctx=2048))
+    recs = _record(srv, [{**_chat(k, f"Write two sentences about {t}."), "temperature": 1.0}
+                         for k, t in enumerate(TOPICS)])
+    model = Model(smollm2)
+    try:
+        runs = tune(recs, model, ["--spec-draft-n-max=1,6"], flags={"draft_model": str(smollm2)}, samples=3)
+    finally:
+        model.close()
+    base = runs[0]
+    assert not any(r.exact for r in base.records)
+    assert all(r.expected.along == "the recorded tokens" for r in base.records)
+    moved = [r for run_ in runs[1:] for r in run_.records if not r.same_tokens]
+    assert moved and all(r.expected.along == "this run's tokens" for r in moved)
+    for run_ in runs:
+        assert all(len(r.samples) == 2 for r in run_.records)
+        est = run_.sampled()["acceptance"]
+        assert est.runs == 3 and est.low <= est.mean <= est.high
+        # the verifier's expectation and the count describe the same draws: ~200 drafts, a rate's standard
+        # deviation ~0.03, so 0.1 is over three of them
+        exp = run_.expected
+        assert abs(exp.acceptance - run_.acceptance) < 0.1, (run_.setting.spelled, exp.acceptance, run_.acceptance)
+    print("\n" + "\n".join(f"{r.setting.spelled}: acceptance {r.acceptance:.3f}, expected {r.expected.acceptance:.3f}, "
+                           f"over 3 runs {r.sampled()['acceptance'].describe()}" for r in runs))

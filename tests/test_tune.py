@@ -143,3 +143,11 @@ def test_the_expectation_is_the_verifiers_along_the_recorded_tokens_where_a_sett
                     ["--spec-draft-n-max=1"])
     assert grammar[0].records[0].expected is None
     assert grammar[0].records[0].no_expectation == "a grammar resamples what it rejects"
+
+
+def test_a_setting_the_loop_cannot_run_is_refused_before_anything_is_replayed(monkeypatch):
+    import replay.commands.tune as tune_mod
+    ran = []
+    monkeypatch.setattr(tune_mod, "run_setting", lambda *a, **k: ran.append(a) or pytest.fail("replayed"))
+    msg = one_error(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-type=ngram-mod,draft-mtp"))
+    assert "Error: setting '--spec-type draft-mtp'" in msg and "cannot be replayed" in msg and not ran

@@ -58,7 +58,12 @@ def test_timings_too_few_or_too_alike_to_fit_are_refused_in_words():
     with pytest.raises(TranscriptError, match="at least 4"):
         fit([Timed(w, 10.0)] * 3)
     with pytest.raises(TranscriptError, match="no cost per target decode"):
-        fit([Timed(Work({}, {1: 3}, 0, 3, 1), 10.0)] * 4)
+        fit([Timed(Work({}, {1: 3}, 0, 3, 1), 10.0), Timed(Work({}, {1: 5}, 0, 5, 1), 12.0)] * 2)
+    # one setting's traffic: every step drafted as many tokens, so decodes, rows and draft decodes rise together
+    # (as in eight real SmolLM2 records: tests/test_tune_live.py)
+    alike = [Timed(_work([4] * n, draft_decodes=4 * n), 7.0 * n) for n in (10, 6, 8, 10, 9)]
+    with pytest.raises(TranscriptError, match="work too alike .*--measure"):
+        fit(alike)
 
 
 def test_a_measured_table_is_scaled_to_the_servers_total_time():

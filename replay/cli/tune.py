@@ -36,8 +36,9 @@ from replay.report import schema as report_json
                    "(scaled to the transcript's timings where it has usable ones); without it the costs are "
                    "fitted to the timings alone, where they allow")
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
-              help="runs per setting for records at temperature > 0 (the request's seed, then the next seeds): "
-                   "their mean and a 95%% interval")
+              help="passes over the file per setting, each record with the request's seed, then the next seeds "
+                   "(records at temperature > 0 draw other text; at 0 only what earlier records left in the n-gram "
+                   "tables can change): the mean over passes, with a 95% interval from 5 passes on")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="replay settings in this many processes (each loads the models)")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),
@@ -76,7 +77,7 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     """
     from replay.cli.progress import progress_bar
     from replay.commands.trace import Drafts
-    from replay.commands.tune import against_baseline, cost_table, prepare, run_setting
+    from replay.commands.tune import against_baseline, check_settings, cost_table, prepare, run_setting
     from replay.runtime.llama import model_params, set_verbose
     from replay.transcripts.files import refuse_existing, write_atomic
     from replay.tuning.sweep import sweep
@@ -95,6 +96,7 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
                                        libllama=libllama, server_cpu=server_cpu, quiet=as_json)
     drafts = Drafts(model_params(flags))
     prepared = prepare(records, target, flags, build=build, renamed=renamed_model)
+    check_settings(prepared, settings, flags, drafts)
     hot = [p for p in prepared if p.read.settings.params.temp > 0]
     if samples > 1 and not hot:
         click.echo("note: every record samples at temperature 0: --samples adds nothing", err=True)
@@ -176,21 +178,34 @@ def show(runs, table, notes: list[str], samples: int) -> None:
     for r in ranked:
         by_pos = r.by_position()
         exp = r.expected
-        row = [r.setting.spelled, r.tokens, r.total("drafted"), r.total("accepted"), _f(r.acceptance),
-               _f(None if exp is None else exp.acceptance), _f(r.decodes_per_token, "{:.3f}"),
+        partial = exp is not None and r.expected_records < len(r.records)
+        over = r.sampled() if samples > 1 else None
+        acc = over["acceptance"].describe("{:.2f}") if over and "acceptance" in over else _f(r.acceptance)
+        row = [r.setting.spelled, r.tokens, r.total("drafted"), r.total("accepted"), acc,
+               _f(None if exp is None else exp.acceptance) + ("*" if partial else ""), _f(r.decodes_per_token, "{:.3f}"),
                sum(x.draft[0] for x in r.records),
                " ".join(_f(p) for p in by_pos[:8]) + (" ..." if len(by_pos) > 8 else "")]
         if table is not None:
             tps, up = r.speed(table)
-            samp = r.sampled(table) if samples > 1 else None
-            row += [samp["tokens_per_second"].describe("{:.1f}") if samp and "tokens_per_second" in samp
-                    else _f(tps, "{:.1f}"), _f(up, "{:.2f}x")]
+            samp = r.sampled(table) if samples > 1 and tps is not None else None
+            if samp and "tokens_per_second" in samp and "speedup" in samp:
+                row += [samp["tokens_per_second"].describe("{:.1f}"), samp["speedup"].describe("{:.2f}") + "x"]
+            else:
+                row += [_f(tps, "{:.1f}"), _f(up, "{:.2f}x")]
         rows.append(row)
     headers = ["setting", "tokens", "drafted", "accepted", "acceptance", "expected", "decodes/token", "draft decodes",
                "acceptance by position"] + (["predicted tok/s", "speed-up"] if table is not None else [])
     click.echo(tabulate(rows, headers=headers))
     if table is not None:
         click.echo(f"speed model: {table.source}; speed-up is against the same tokens without speculation")
+    if samples > 1:
+        click.echo(f"acceptance{', predicted tok/s and speed-up' if table is not None else ''}: the mean over "
+                   f"{samples} passes{' [95% interval]' if samples >= 5 else ''}; tokens, drafted, accepted and "
+                   "decodes: the request's own seeds")
+        unpriced = [r.setting.spelled for r in runs if not r.priced(table)]
+        if unpriced:
+            click.echo(f"note: no prediction for {', '.join(unpriced)}: the timings fit saw no draft-model decodes to "
+                       "price theirs (--measure times them)")
     else:
         click.echo("ranked by target decodes per token (no speed model: give --measure)")
     for n in notes:
@@ -199,7 +214,8 @@ def show(runs, table, notes: list[str], samples: int) -> None:
     sampled = [x.record for x in base if not x.exact]
     if sampled:
         how = (f"{samples} runs each (the request's seed and the next {samples - 1}): mean [95% interval]"
-               if samples > 1 else "one run with the request's seed")
+               if samples >= 5 else f"{samples} runs each (the request's seed and the next {samples - 1}): their mean "
+               "(an interval needs 5)" if samples > 1 else "one run with the request's seed")
         click.echo(f"note: records {', '.join(map(str, sampled[:10]))}{' ...' if len(sampled) > 10 else ''} sample at "
                    f"temperature > 0: their counts are {how}; 'expected' is the verifier's expectation given each "
                    "draft (exact over its draws)")
@@ -210,4 +226,5 @@ def show(runs, table, notes: list[str], samples: int) -> None:
                    "setting's own run")
     why = sorted({x.no_expectation for r in runs for x in r.records if x.no_expectation})
     if why:
-        click.echo(f"note: no expected acceptance where {'; '.join(why)}")
+        click.echo(f"note: no expected acceptance for records where {'; '.join(why)}"
+                   + (" (*: over the other records)" if any(r.expected is not None for r in runs) else ""))

@@ -60,12 +60,12 @@ def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape:
         for step in loop.steps():
             steps.append(step)
             if gen0 is None:
-                gen0 = {k: dict(c.batches) for k, c in contexts.items() if c is not None}, loop.chain.n_applies
+                gen0 = {k: dict(c.batches) for k, c in contexts.items() if c is not None}, loop.chain.passes
         schedule = schedule_of(loop.memory, request.spans)
         decodes = {k: (contexts[k].n_decodes - n, contexts[k].n_rows - r) for k, (n, r) in before.items()}
         work = Work(since(gen0[0]["target"], loop.ctx.batches),
                     since(gen0[0].get("draft", {}), contexts["draft"].batches) if contexts["draft"] is not None else {},
-                    loop.chain.n_applies - gen0[1], loop.draft_samples(), len(loop.emitted))
+                    loop.chain.passes - gen0[1], loop.draft_samples(), len(loop.emitted))
     finally:
         loop.close()
     ids = [e.id for e in loop.emitted]

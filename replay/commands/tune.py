@@ -32,9 +32,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from replay.commands.trace import Drafts, trace_read
 from replay.commands.trace_state import ServerState
-from replay.errors import TranscriptError, located
+from replay.errors import SpecReplayError, TranscriptError, located
 from replay.loop.expectation import not_expectable
-from replay.loop.replayable import drafts_with_model
+from replay.loop.replayable import check_replayable, drafts_with_model
 from replay.reading.record import ReadRecord, read_record
 from replay.runtime.llama import Model
 from replay.schedule.memory import SlotConfig
@@ -91,19 +91,39 @@ def _refuse(rec: Record, res) -> TranscriptError:
                            "mean nothing; `spec-replay trace` shows why", source=rec.source, record=rec.index)
 
 
+def spec_of(p: Prepared, setting: Setting, flags: Mapping[str, Any]):
+    """The record's speculative flags under `setting` (the baseline: as read)."""
+    if setting is BASELINE:
+        return p.read.spec
+    with located(p.rec.source, p.rec.index):
+        return resolve("speculative", flags={**flags, **setting.flags}, recorded=p.rec.flags, props=p.rec.props)
+
+
+def check_settings(prepared: Sequence[Prepared], settings: Sequence[Setting], flags: Mapping[str, Any],
+                   drafts: Drafts) -> None:
+    """Refuse, before anything is replayed, a setting the loop cannot run on some record (a type it does not
+    replay, draft-simple with no draft model file), in one line naming the setting."""
+    for setting in settings:
+        for p in prepared:
+            spec = spec_of(p, setting, flags)
+            era = p.read.shape.era
+            needs = drafts_with_model(spec, era)
+            try:
+                with located(p.rec.source, p.rec.index):
+                    if needs and spec.draft_model:
+                        drafts.get(spec.draft_model)
+                    check_replayable(spec, era, has_draft_model=bool(spec.draft_model))
+            except SpecReplayError as e:
+                e.args = (f"setting {setting.spelled!r}: {e}",)
+                raise
+
+
 def run_setting(prepared: Sequence[Prepared], setting: Setting, target: Model, *, flags: Mapping[str, Any],
                 drafts: Drafts, renamed: bool = False, samples: int = 1, progress: Progress | None = None) -> SettingRun:
     """Every record under one setting, on a fresh server per pass: the request's seeds, then (samples > 1)
     one pass per further seed. Compared with the baseline afterwards (against_baseline)."""
     flags = dict(flags)
-    reads = []
-    for p in prepared:
-        read = p.read
-        if setting is not BASELINE:
-            with located(p.rec.source, p.rec.index):
-                read = replace(read, spec=resolve("speculative", flags={**flags, **setting.flags},
-                                                  recorded=p.rec.flags, props=p.rec.props))
-        reads.append(read)
+    reads = [p.read if setting is BASELINE else replace(p.read, spec=spec_of(p, setting, flags)) for p in prepared]
     out: list[RecordRun] = []
     with ServerState(flags.get("n_parallel")) as state:
         for p, read in zip(prepared, reads):
@@ -143,6 +163,7 @@ def tune(records: Sequence[Record], target: Model, varies: Sequence[str], *, fla
     flags = dict(flags or {})
     drafts = drafts or Drafts()
     prepared = prepare(records, target, flags, build=build, renamed=renamed)
+    check_settings(prepared, settings, flags, drafts)
     return against_baseline([run_setting(prepared, s, target, flags=flags, drafts=drafts, renamed=renamed,
                                          samples=samples, progress=progress) for s in settings])
 

@@ -272,7 +272,7 @@ class SpeculativeLoop:
 
     def draft_samples(self) -> int:
         """The draft chains' passes so far (one per drafted position)."""
-        return sum(d.chain.n_applies for d in self.drafters if isinstance(d, DraftSimple) and d.chain is not None)
+        return sum(d.chain.passes for d in self.drafters if isinstance(d, DraftSimple) and d.chain is not None)
 
     def close(self) -> None:
         """Free the request's samplers; the slot's memory stays with its SlotState (freed here if the loop made it)."""
@@ -443,7 +443,7 @@ class SpeculativeLoop:
         draft). The chain (its history and random state) is put back as it was: verification then runs as
         the server's."""
         rule = "rejection" if q is not None else "sample-and-match"  # as verify() chooses
-        snap = self.chain.snapshot()
+        snap, passes = self.chain.snapshot(), self.chain.passes
         out = []
         try:
             for j, d_tok in enumerate(draft):
@@ -463,6 +463,7 @@ class SpeculativeLoop:
                 self.chain.accept(d_tok)
         finally:
             self.chain.restore(snap)
+            self.chain.passes = passes  # not the server's work
         return out
 
     def verify_rejection(self, draft: list[int], q: list) -> Verified:

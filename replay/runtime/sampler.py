@@ -151,6 +151,7 @@ class SamplerChain:
         self.model = model
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
         self.n_applies = 0  # chain passes so far: each draws once from dist's stream (comparison/divergence.py)
+        self.passes = 0  # chain passes run, whatever a restore or a one-candidate pass does to n_applies (the work)
         # the old one-candidate rule is dist's alone: mirostat and adaptive-p draw and update their state
         # on one candidate too (llama-sampler.cpp: llama_sampler_mirostat_v2_apply), so only a chain that
         # ends with dist is rolled back after such a pass
@@ -252,6 +253,7 @@ class SamplerChain:
         descending if the chain left it unsorted, as get_candidates(sorted=true) does.
         """
         self.n_applies += 1
+        self.passes += 1
         # before b10355 a pass that leaves one candidate does not advance dist's RNG: keep a copy of the
         # chain to go back to (only other samplers' RNGs and dist's advance in apply)
         before = None if self.single_draw or not self._dist_last else L.llama_sampler_clone(self._chain)

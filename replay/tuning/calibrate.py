@@ -10,8 +10,8 @@ did (loop/work.py). Two uses:
 * `fit`: with nothing measured, a table fitted to the timings alone by least squares with non-negative
   coefficients, per record: predicted_ms = a * target decodes + r * (target rows beyond the first of each
   decode) + c * draft-model decodes. A target decode of b rows then costs a + r (b - 1); a draft decode
-  costs c. It needs records whose work differs (several, with acceptance that varies), and says how well
-  it fits.
+  costs c. It needs records whose work differs in kind (traffic of several settings, or acceptance that
+  varies a lot), refuses in words when it does not (SEPARABLE), and says how well it fits.
 
 A record's timings are usable when the server counted the tokens the replay emitted (predicted_n) and its
 batches were its own: a record that ran beside others (transcripts/concurrency.py) shared its decodes
@@ -30,6 +30,11 @@ from replay.loop.work import Work
 from replay.tuning.costs import CostTable
 
 MIN_RECORDS = 4  # a fit of three coefficients needs more records than that
+# the smallest singular value of the (column-normalised) work over the largest: below this the records did
+# work too alike for their timings to tell a decode's cost from a row's or a draft decode's. Traffic of one
+# setting is usually there: eight SmolLM2 records of a self-drafting server gave 8e-17 (every step drafted
+# the same number of tokens, so the three counts are proportional)
+SEPARABLE = 0.05
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,12 @@ def fit(timed: Sequence[Timed]) -> CostTable:
     y = np.array([t.ms for t in timed])
     best = None
     cols = [k for k in range(3) if x[:, k].any()]
+    if cols:
+        sv = np.linalg.svd(x[:, cols] / np.linalg.norm(x[:, cols], axis=0), compute_uv=False)
+        if sv[-1] / sv[0] < SEPARABLE:
+            raise TranscriptError(f"the {len(timed)} timed records did work too alike (their decodes, rows and draft "
+                                  "decodes rise together) for their timings to tell those costs apart: measure them "
+                                  "on this host (--measure), which the timings then scale")
     for n in range(1, len(cols) + 1):
         for sub in itertools.combinations(cols, n):
             coef, *_ = np.linalg.lstsq(x[:, sub], y, rcond=None)

@@ -6,10 +6,11 @@ copy of the verify batch), one pass of the target's sampler chain per verified r
 per drafted position. A cost table prices each:
 
     time = sum_b  N_target(b) * target(b)  +  sum_b  N_draft(b) * draft(b)
-         + S_target * target_sample  +  S_draft * draft_sample  +  tokens * per_token
+         + S_target * target_sample  +  S_draft * draft_sample
 
-with target(b) and draft(b) the milliseconds of a decode of b rows, and `per_token` what the server
-spends per emitted token beyond that (detokenizing, sending; only a calibration against timings sees it).
+with target(b) and draft(b) the milliseconds of a decode of b rows. What the server spends per token
+beyond that (HTTP, detokenizing, the probabilities it computes for tokens sampled outside the loop) is
+not priced; a table scaled to the transcript's timings (tuning/calibrate.py) spreads it over the rest.
 A size the table lacks is interpolated linearly between its neighbours (extrapolated from the last two).
 The server's own speed is timings.predicted_per_second: (predicted_n - 1) tokens over predicted_ms
 (server-common.h:437-478), so a prediction counts the tokens the same way.
@@ -55,7 +56,6 @@ class CostTable:
     draft: Mapping[int, float] = field(default_factory=dict)
     target_sample: float = 0.0
     draft_sample: float = 0.0
-    per_token: float = 0.0
     source: str = ""
     scale: float = 1.0  # a factor on everything (measured here, scaled to the server's timings)
 
@@ -72,8 +72,15 @@ class CostTable:
                 raise ValueError("the cost table prices no draft-model decodes")
             ms += sum(n * at_size(self.draft, b) for b, n in work.draft_batches.items())
         ms += work.target_samples * self.target_sample + work.draft_samples * self.draft_sample
-        ms += work.tokens * self.per_token
         return ms * self.scale
+
+    def prices(self, work: Work) -> bool:
+        """Whether the table has what `work` needs: a fit to timings that saw no draft model has no draft cost.
+
+        >>> CostTable({1: 1.0}).prices(Work({2: 1}, {1: 2}, 1, 2, 3)), CostTable({1: 1.0}).prices(Work({2: 1}))
+        (False, True)
+        """
+        return bool(self.target) and (not work.draft_batches or bool(self.draft))
 
     def scaled(self, factor: float, source: str) -> "CostTable":
         return replace(self, scale=self.scale * factor, source=source)
@@ -82,8 +89,7 @@ class CostTable:
         return {"source": self.source, "scale": self.scale,
                 "target_decode_ms": {str(k): v for k, v in sorted(self.target.items())},
                 "draft_decode_ms": {str(k): v for k, v in sorted(self.draft.items())},
-                "target_sample_ms": self.target_sample, "draft_sample_ms": self.draft_sample,
-                "per_token_ms": self.per_token}
+                "target_sample_ms": self.target_sample, "draft_sample_ms": self.draft_sample}
 
 
 def plain(work: Work) -> Work:

@@ -18,6 +18,7 @@ import statistics
 import time
 from typing import Callable, Iterable, Sequence
 
+from replay.errors import ModelError
 from replay.loop.draft_model import DRAFT_TOP_K
 from replay.runtime.llama import Context, Model
 from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain
@@ -64,11 +65,18 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
             target_sizes: Iterable[int], draft_sizes: Iterable[int], depth: int, tokens: Sequence[int],
             draft_types: tuple[str, str] = ("f16", "f16"), reps: int = REPS) -> CostTable:
     """The cost table (module docstring): decodes of each size in `target_sizes` / `draft_sizes` at KV depth
-    `depth` (filled with `tokens`), the target chain built from `params` and the draft chain."""
+    `depth` (filled with `tokens`; less where the context cannot hold it, and the source says so), the target
+    chain built from `params` (one request's: tune passes the first record's, and its slot) and the draft
+    chain. A target that cannot drop a suffix (recurrent, hybrid) is refused: ModelError."""
+    wanted = depth
     depth = max(1, min(depth, slot.n_ctx - max([*target_sizes, *draft_sizes, 1]) - 1))
     token = tokens[-1] if tokens else 0
     ctx = slot.context(target)
     try:
+        if not ctx.removes_suffixes():
+            raise ModelError(f"{target.path.name} keeps a recurrent state that cannot drop the rows a timing "
+                             "decoded (the server checkpoints it instead): --measure cannot time it; without "
+                             "--measure the costs come from the transcript's timings")
         _fill(ctx, tokens, depth)
         t_costs = _decode_costs(ctx, target_sizes or [1], depth, token, all_rows=True, reps=reps)
         ctx.decode([token], depth, [True])
@@ -85,6 +93,9 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
     if draft is not None:
         dctx = slot.context(draft, *draft_types)
         try:
+            if not dctx.removes_suffixes():
+                raise ModelError(f"the draft model {draft.path.name} keeps a recurrent state that cannot drop the rows "
+                                 "a timing decoded: --measure cannot time it")
             _fill(dctx, tokens, depth)
             d_costs = _decode_costs(dctx, sorted(set(draft_sizes) | {1}), depth, token, all_rows=False, reps=reps)
             dctx.decode([token], depth, [True])
@@ -96,5 +107,6 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
             d_sample = _median_ms(lambda: dchain.apply(d_logits), reps)
         finally:
             dchain.close()
+    at = f"KV depth {depth}" + (f" (the records' {wanted} does not fit the context)" if depth != wanted else "")
     return CostTable(t_costs, d_costs, t_sample, d_sample,
-                     source=f"measured on this host ({slot.threads} threads, KV depth {depth}, median of {reps})")
+                     source=f"measured on this host ({slot.threads} threads, {at}, median of {reps})")

@@ -185,13 +185,19 @@ class SettingRun:
 
     @property
     def expected(self) -> Expected | None:
-        """The expectation over the file; None if any record has none."""
-        if not self.records or any(r.expected is None for r in self.records):
+        """The expectation summed over the records that have one (None: none has); `expected_records` says
+        how many."""
+        have = [r.expected for r in self.records if r.expected is not None]
+        if not have:
             return None
-        out = self.records[0].expected
-        for r in self.records[1:]:
-            out = out + r.expected
+        out = have[0]
+        for e in have[1:]:
+            out = out + e
         return out
+
+    @property
+    def expected_records(self) -> int:
+        return sum(r.expected is not None for r in self.records)
 
     @property
     def n_samples(self) -> int:
@@ -201,8 +207,8 @@ class SettingRun:
         return [r.counts(k).work for r in self.records]
 
     def sampled(self, table: CostTable | None = None) -> dict[str, Estimate] | None:
-        """Over the --samples runs (None with one run): each run's acceptance, target decodes per token
-        (generation phase) and, with a cost table, predicted tokens per second and speed-up against that
+        """Over the --samples runs (None with one run): each run's acceptance, target decodes per token in
+        the generation phase (after the first token: steps / (tokens - 1)) and, with a cost table, predicted tokens per second and speed-up against that
         run's tokens without speculation; their mean and interval."""
         n = self.n_samples
         if n < 2:
@@ -224,13 +230,25 @@ class SettingRun:
                     if base:
                         up.append(t / base)
         out = {}
-        for name, xs in (("acceptance", acc), ("decodes_per_token", dpt), ("tokens_per_second", tps), ("speedup", up)):
+        for name, xs in (("acceptance", acc), ("generation_decodes_per_token", dpt), ("tokens_per_second", tps),
+                         ("speedup", up)):
             if xs:
                 out[name] = estimate(xs)
         return out
 
+    def priced(self, table: CostTable) -> bool:
+        """Whether `table` prices every run's work (tuning/costs.py CostTable.prices)."""
+        return all(table.prices(r.counts(k).work) for r in self.records for k in range(self.n_samples))
+
     def speed(self, table: CostTable) -> tuple[float | None, float | None]:
-        """(predicted tokens per second, speed-up against the same tokens without speculation)."""
+        """(predicted tokens per second, speed-up against the same tokens without speculation): the mean over
+        the --samples runs where there are several, else the one run's; (None, None) where the table cannot
+        price this setting's work."""
+        if not self.priced(table):
+            return None, None
+        samp = self.sampled(table)
+        if samp and "tokens_per_second" in samp and "speedup" in samp:
+            return samp["tokens_per_second"].mean, samp["speedup"].mean
         works = self.works()
         tps = tokens_per_second(works, table)
         base = tokens_per_second([plain(w) for w in works], table)
@@ -238,6 +256,8 @@ class SettingRun:
 
     def to_json(self, table: CostTable | None = None) -> dict:
         exp = self.expected
+        if table is not None and not self.priced(table):
+            table = None  # its predicted figures are None (the note names the setting)
         samp = self.sampled(table)
         out = {"setting": self.setting.spelled, "overrides": self.setting.to_json(),
                "tokens": self.tokens, "drafted": self.total("drafted"), "accepted": self.total("accepted"),
@@ -245,11 +265,12 @@ class SettingRun:
                "target_decodes_per_token": self.decodes_per_token,
                "draft_decodes": sum(r.draft[0] for r in self.records),
                "acceptance_by_position": self.by_position(),
-               "expected": None if exp is None else exp.to_json(),
+               "expected": None if exp is None else {**exp.to_json(), "records": self.expected_records},
                "samples": None if samp is None else {k: v.to_json() for k, v in samp.items()}}
-        if table is not None:
-            tps, up = self.speed(table)
-            out["predicted"] = {"tokens_per_second": tps, "speedup": up}
+        tps, up = self.speed(table) if table is not None else (None, None)
+        out["predicted"] = {"tokens_per_second": tps, "speedup": up,
+                            "of": None if tps is None else
+                            f"the mean of {self.n_samples} runs" if self.n_samples > 1 else "one run (the request's seeds)"}
         out["records"] = [r.to_json() for r in self.records]
         return out
 

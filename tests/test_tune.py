@@ -13,10 +13,10 @@ import pytest
 from cli_helpers import one_error, run
 
 from replay.commands.tune import tune
-from replay.tuning.sweep import sweep
 from replay.paths import FIXTURES
 from replay.runtime.llama import Model
-from replay.transcripts.readers import read_file, read_text
+from replay.transcripts.readers import read_file
+from replay.tuning.sweep import sweep
 
 MODEL, DRAFT = FIXTURES / "tiny-target.gguf", FIXTURES / "tiny-draft.gguf"
 T = FIXTURES / "transcripts" / "tiny-draft-simple.json"

@@ -12,15 +12,13 @@ from __future__ import annotations
 import pytest
 
 from replay.commands.record import RequestItem, record_one
-from replay.commands.tune import prepare, tune
-from replay.commands.trace import Drafts
+from replay.commands.tune import prepare, timed_records, tune
+from replay.errors import TranscriptError
 from replay.llamacpp.process import ServerConfig
 from replay.runtime.llama import Model
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text
 from replay.tuning.calibrate import fit
-from replay.commands.tune import timed_records
-from replay.errors import TranscriptError
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import one_error, run
+from cli_helpers import run
 
 from replay.errors import TranscriptError
 from replay.loop.work import Work

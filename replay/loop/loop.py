@@ -34,9 +34,9 @@ from replay.builds.loop_shapes import Era
 from replay.errors import TranscriptError
 from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
 from replay.loop.drafters import Drafter, make_drafters
-from replay.loop.state import SlotState
-from replay.loop.replayable import check_replayable
 from replay.loop.expectation import acceptance_prob, not_expectable
+from replay.loop.replayable import check_replayable
+from replay.loop.state import SlotState
 from replay.loop.verify import match_continues, prob_of, rejection_step
 from replay.numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
 from replay.numerics.server_probs import pre_sampling

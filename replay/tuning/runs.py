@@ -9,6 +9,7 @@ position, decodes by batch size. `Expected` is the verifier's expectation along 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from replay.loop.expectation import kept_by_position
 from replay.loop.work import Work
 from replay.tuning.costs import CostTable, plain, tokens_per_second

@@ -175,19 +175,14 @@ def _trace_on_workers(transcript: str, records: list[Record], request_file: str 
     in order (commands/trace_state.py); the results in file order, the same as one process's."""
     from replay.cli.progress import progress_bar
     from replay.commands.trace_state import trace_units
-    from replay.runtime.binding import loaded_path
     from replay.scale.local import run_local
-    from replay.scale.worker import Job, TraceOptions, default_threads
-    from replay.transcripts.files import read_request
-    from replay.transcripts.readers import read_source
+    from replay.scale.worker import Job, TraceOptions
     units = trace_units(records, flags, target.meta)
     if len(units) < workers:
         click.echo(f"note: {len(records)} records form {len(units)} unit(s) of work (records that share the "
                    "server's state across requests stay together): fewer than --workers", err=True)
-    job = Job(read_source(Path(transcript)), str(transcript), read_request(request_file) if request_file else None,
-              str(Path(model).resolve()), flags, threads=flags.get("threads") or default_threads(workers),
-              libllama=None if loaded_path() is None else str(loaded_path()),
-              trace=TraceOptions(build, str(Path(source).resolve()) if source else None, renamed))
+    job = Job.from_files(transcript, request_file, model, flags, workers,
+                         trace=TraceOptions(build, str(Path(source).resolve()) if source else None, renamed))
     got: dict[int, TraceResult] = {}
     with progress_bar(len(records), "tracing records") as advance:
         def on_event(kind: str, what) -> None:

@@ -142,18 +142,13 @@ def _tune_on_workers(transcript: str, request_file: str | None, model: str, flag
                      renamed: bool, samples: int, workers: int, per_setting: int, progress) -> list:
     """Settings over `workers` processes (scale/local.py), each loading the models and reading the records
     once; the baseline is checked wherever it runs (its error stops the run)."""
-    from replay.runtime.binding import loaded_path
     from replay.scale.local import run_local
-    from replay.scale.worker import Job, TuneOptions, default_threads
+    from replay.scale.worker import Job, TuneOptions
     from replay.transcripts.chains import Unit
-    from replay.transcripts.files import read_request
-    from replay.transcripts.readers import read_source
     from replay.tuning.sweep import sweep
     n = len(sweep(varies))
-    job = Job(read_source(Path(transcript)), str(transcript), read_request(request_file) if request_file else None,
-              str(Path(model).resolve()), flags, threads=flags.get("threads") or default_threads(workers),
-              libllama=None if loaded_path() is None else str(loaded_path()),
-              tune=TuneOptions(tuple(varies), build, renamed, samples))
+    job = Job.from_files(transcript, request_file, model, flags, workers,
+                         tune=TuneOptions(tuple(varies), build, renamed, samples))
     got: dict[int, Any] = {}
 
     def on_event(kind: str, what) -> None:

@@ -196,13 +196,9 @@ def measure_here(prepared: Sequence[Prepared], runs: Sequence[SettingRun], targe
     """The cost table measured on this host (tuning/measure.py) for every batch size the sweep decodes, at
     the records' mean KV depth during generation, in a slot made as the first record's server made it."""
     first = prepared[0].read
-    spec = first.spec
-    draft = None
-    if any(r.draft[0] for run in runs for r in run.records):
-        path = next((resolve("speculative", flags={**flags, **run.setting.flags}, recorded=prepared[0].rec.flags,
-                             props=prepared[0].rec.props).draft_model for run in runs
-                     if any(r.draft[0] for r in run.records)), None) or spec.draft_model
-        draft = drafts.get(path)
+    drafting = next((run for run in runs if any(r.draft[0] for r in run.records)), None)
+    spec = spec_of(prepared[0], drafting.setting, flags) if drafting is not None else first.spec
+    draft = drafts.get(spec.draft_model) if drafting is not None else None
     t_sizes = {b for run in runs for r in run.records for b in r.work.target_batches} | {1}
     d_sizes = {b for run in runs for r in run.records for b in r.work.draft_batches}
     depth = round(sum(len(p.read.prompt) + len(r.emitted) / 2 for p, r in zip(prepared, runs[0].records))

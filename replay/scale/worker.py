@@ -56,6 +56,18 @@ class Job:
     trace: TraceOptions | None = None  # trace the records instead of recovering them
     tune: TuneOptions | None = None  # replay settings of a sweep instead
 
+    @staticmethod
+    def from_files(transcript: str, request_file: str | None, model: str, flags: dict, workers: int,
+                   **kind: Any) -> "Job":
+        """A job over the transcript file for `workers` local processes, computing with the driver's libllama,
+        each with its share of this machine's cores unless -t was given; `kind`: trace= or tune= options."""
+        from replay.runtime.binding import loaded_path
+        from replay.transcripts.files import read_request
+        from replay.transcripts.readers import read_source
+        return Job(read_source(Path(transcript)), str(transcript), read_request(request_file) if request_file else None,
+                   str(Path(model).resolve()), flags, threads=flags.get("threads") or default_threads(workers),
+                   libllama=None if loaded_path() is None else str(loaded_path()), **kind)
+
     @property
     def verb(self) -> str:
         return "tuning" if self.tune is not None else "recovering" if self.trace is None else "tracing"

@@ -36,12 +36,7 @@ from scale import patched_server_rows, workers_rows  # noqa: E402  (bench/scale.
 from tabulate import tabulate  # noqa: E402
 
 from replay.commands.record import RequestItem, record_one  # noqa: E402
-from replay.commands.recover import (  # noqa: E402
-    Recoverer,
-    RecoverOptions,
-    recover_records,
-    result_of,
-)
+from replay.commands.recover import Recoverer, RecoverOptions, result_of  # noqa: E402
 from replay.commands.trace import trace_record  # noqa: E402
 from replay.llamacpp import models  # noqa: E402
 from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
@@ -106,9 +101,13 @@ def shared_prefix(spec_info: dict, spec: LlamaServer, smol: Path, model: Model,
     def run(path: Path, reuse: bool):
         original = read_source(path)
         records = read_text(original, str(path))
-        return timed(lambda: result_of(records, recover_records(records, model,
-                                                                options=RecoverOptions(reuse_prefix=reuse)),
-                                       original))
+        def once():
+            r = Recoverer(model, options=RecoverOptions(reuse_prefix=reuse), records=records)
+            try:
+                return result_of(records, [r.recover(rec) for rec in records], original)
+            finally:
+                r.close()
+        return timed(once)
 
     fresh = jsonl(False)
     res_on, t_on = run(fresh, True)  # a 2.7x difference: one run each is enough

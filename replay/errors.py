@@ -12,6 +12,7 @@
     │   └── Unaligned          generated text that no sequence of the model's pieces spells
     ├── KernelsError           no CPU variant here reproduces the server, and nothing says why
     ├── OutputExistsError      refusing to overwrite a file without --force
+    ├── UsageError             a bad option or argument found past parsing (exit 2, as click's)
     └── WorkerDied             an evaluator process or Ray actor ended without finishing its work
 
 Messages are one line and name the thing at fault (file and record, URL and
@@ -161,6 +162,13 @@ class KernelsError(SpecReplayError):
 
 class OutputExistsError(SpecReplayError):
     """The output file exists and --force was not given."""
+
+
+class UsageError(SpecReplayError):
+    """A bad option or argument that only the run's inputs show (an output that is an input, --server-cpu
+    with a library that has no variants): exit 2, as a usage error click finds while parsing."""
+
+    exit_code = 2
 
 
 class WorkerDied(SpecReplayError):

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from replay.cli import main
 from replay.commands.record import RequestItem, record_one
-from replay.commands.recover import recover_records
+from replay.commands.recover import Recoverer
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.paths import FIXTURES
 from replay.proof.matrix import max_value_diff
@@ -108,7 +108,10 @@ def test_recovered_values_are_the_unspeculated_servers(arch, start_server):
             spec = _record_all(start_server(cfg), temp, seeds=range(1, 6))
             ref = _record_all(plain, temp, seeds=range(1, 6))
             records = read_text("".join(json.dumps(t) + "\n" for t in spec), f"{arch}-{mode}.jsonl")
-            for done, p in zip(recover_records(records, model), ref):
+            recoverer = Recoverer(model, records=records)
+            done_all = [recoverer.recover(rec) for rec in records]
+            recoverer.close()
+            for done, p in zip(done_all, ref):
                 c = done.report.summary()["counts"]
                 assert c["mismatch"] == c["unaligned"] == 0, done.report.to_json()["tokens"][:3]
                 filled += c["placeholder"] + c["missing"]
@@ -179,7 +182,7 @@ def test_a_quantized_fixture_refuses_the_prompt_schedule_the_server_does_not_run
     the tolerance and recover refuses in one line."""
     from cli_helpers import one_error, run
 
-    import replay.commands.recover as recover_mod
+    import replay.run.recover as recover_mod
     import replay.schedule.memory as memory_mod
     from replay.schedule.memory import checkpoint_rules
     target = files(arch, quantized=True)[0]

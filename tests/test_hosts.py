@@ -126,7 +126,7 @@ def test_no_repack_is_a_setting_spelled_as_llama_server_spells_it():
 
 
 def test_the_repack_a_transcript_says_is_taken_and_records_that_disagree_are_refused():
-    from replay.cli.kernels import recorded_repack, repack_modes
+    from replay.run.kernels.policy import recorded_repack, repack_modes
     from replay.errors import TranscriptError
     from replay.transcripts.readers import Record
 

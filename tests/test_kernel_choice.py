@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay.commands.kernel_choice import EXACT, choose_variant
-from replay.commands.probe import Probe, witnesses
+from replay.run.kernels.choice import EXACT, choose_variant, witnesses
+from replay.run.kernels.types import Probe
 from replay.errors import KernelsError
 from replay.paths import FIXTURES
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, score
@@ -38,8 +38,30 @@ def test_avx512_needs_all_five_foundation_flags():
     assert score(VARIANTS["skylakex"], [f for f in ZEN4_HOST if f != "avx512bw"]) == 0
 
 
-def test_this_hosts_flags_are_read():
-    assert "sse2" in host_cpu_flags()
+def test_the_first_processors_flags_line_is_read(tmp_path):
+    """/proc/cpuinfo as Linux writes it: a flags line per processor, tab-padded; the first one counts, an
+    ARM file (Features, no flags) or no file at all gives none."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu sse2 avx2  fma\nbugs\t\t: spectre\n\n"
+                    "processor\t: 1\nflags\t\t: fpu sse2 avx512f\n")
+    assert host_cpu_flags(info) == {"fpu", "sse2", "avx2", "fma"}
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd evtstrm\n")
+    assert host_cpu_flags(info) == frozenset()
+    assert host_cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_this_hosts_flags_are_the_ones_lscpu_reports():
+    """On this host, the flags read are the kernel's, as util-linux's lscpu reports them by another route
+    (its Flags line), so the variants chosen are the ones this CPU runs."""
+    import shutil
+    import subprocess
+    if shutil.which("lscpu") is None:
+        pytest.skip("lscpu (util-linux) is not installed")
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, env={"LC_ALL": "C"}).stdout
+    line = next((x for x in out.splitlines() if x.startswith("Flags:")), None)
+    if line is None:
+        pytest.skip("lscpu reports no Flags line on this host")
+    assert host_cpu_flags() == frozenset(line.split(":", 1)[1].split())
 
 
 def test_the_exact_variant_is_chosen_and_its_equals_are_named():
@@ -153,13 +175,19 @@ def test_equal_variants_whose_decodes_differ_within_the_tolerance_are_one_class_
 
 
 def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
-    from replay.commands.probe import ProbeCache, probe_key
     from replay.commands.recover import RecoverOptions
+    from replay.run.inputs import Inputs
+    from replay.run.kernels.cache import ProbeCache, probe_key
+    from replay.run.kernels.types import Candidate, ProbeJob
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     base = dict(text="{}", request=None, indices=[0], model=model, flags={}, options=RecoverOptions(),
                 libllama=None, variant="x64", until_exact=EXACT)
-    key = probe_key(**base)
+
+    def key_of(text, request, indices, model, flags, options, libllama, variant, until_exact):
+        job = ProbeJob(Inputs(text, "t.json", request, str(model)), flags, options, libllama)
+        return probe_key(job, indices, Candidate(variant), until_exact=until_exact)
+    key = key_of(**base)
     cache = ProbeCache(tmp_path / "kernels")
     assert cache.get(key) is None
     cache.put(key, Probe("x64", 0.0, record=0, decode=(-1.5, -2.0)))
@@ -168,12 +196,12 @@ def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
     assert cache.get("bad") is None
     for change in ({"text": "{ }"}, {"variant": "sse42"}, {"indices": [1]}, {"flags": {"n_ctx": 4096}},
                    {"options": RecoverOptions(build=11368)}, {"options": RecoverOptions(source=Path("/src"))}):
-        assert probe_key(**{**base, **change}) != key, change
+        assert key_of(**{**base, **change}) != key, change
     # what does not change a witness's values does not probe again: the tolerance, prefix reuse
     # (exact), the user's word on shared batches
     for same in (RecoverOptions(tolerance=1e-3), RecoverOptions(reuse_prefix=False),
                  RecoverOptions(shared_batches=True)):
-        assert probe_key(**{**base, "options": same}) == key, same
-    assert probe_key(**{**base, "flags": {"threads": 1}}) == key
+        assert key_of(**{**base, "options": same}) == key, same
+    assert key_of(**{**base, "flags": {"threads": 1}}) == key
     model.write_bytes(b"GGUF2")  # another model file at the same path
-    assert probe_key(**base) != key
+    assert key_of(**base) != key

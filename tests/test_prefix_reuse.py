@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from replay.commands.record import RequestItem, record_one
-from replay.commands.recover import recover
+from replay.run.recover import recover
 from replay.errors import Exit
 from replay.llamacpp.process import ServerConfig
 from replay.schedule.prefix import Prefix, plan_prefix, reuse_points

@@ -16,7 +16,7 @@ import math
 import pytest
 
 from replay.commands.record import RequestItem, record_one
-from replay.commands.recover import recover
+from replay.run.recover import recover
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.format import dumps, stream_objects
@@ -139,7 +139,7 @@ def test_a_long_transcript_recovers_in_flat_memory(b11434, smollm2, tmp_path):
             assert len(t["response"]["completion_probabilities"]) == n
             paths[n] = tmp_path / f"t{n}.json"
             paths[n].write_text(dumps(t))
-    probe = ("import resource, sys; from replay.commands.recover import recover; "
+    probe = ("import resource, sys; from replay.run.recover import recover; "
              "r = recover(sys.argv[1], sys.argv[2], flags={'n_ctx': 4096}); "
              "assert r.records[0].summary()['counts']['ok'] == int(sys.argv[3]); "
              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
-from replay.commands.recover import recover
+from replay.run.recover import recover
 from replay.llamacpp.http import post_json, post_sse
 from replay.transcripts.entries import sent_entries
 from replay.transcripts.readers import read_text

@@ -99,10 +99,11 @@ def test_the_page_of_a_report_with_inf_is_written_too():
 def test_recover_writes_a_report_whose_probe_distance_is_inf(tmp_path, monkeypatch):
     """The same through the command: the kernels chosen with one variant's distance inf, as the seed's
     default-flag Gemma 3 server gave (piledriver), and `--report` and `--json` both strict JSON."""
-    from replay.cli import recover as cli_recover
-    from replay.commands.kernel_choice import KernelChoice
+    import replay.run.engine as engine_mod
+    from replay.run.kernels.policy import Kernels
+    from replay.runtime.engine import KernelChoice
     choice = KernelChoice(None, "matched", 0.0, 0, diffs=(("zen4", 0.0), ("piledriver", math.inf)))
-    monkeypatch.setattr(cli_recover, "choose_kernels", lambda *a, **k: choice)
+    monkeypatch.setattr(engine_mod, "choose_kernels", lambda *a, **k: Kernels(choice, None))
     r = run("recover", T, "-m", tiny_target(), "-o", tmp_path / "out.json", "--report", tmp_path / "r.json", "--json")
     assert r.exit_code == 0, r.output
     for text in ((tmp_path / "r.json").read_text(), r.stdout):

@@ -10,7 +10,7 @@ import pytest
 from cli_helpers import run
 
 from replay.commands.record import RequestItem, record_one
-from replay.commands.recover import recover
+from replay.run.recover import recover
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.llamacpp.process import ServerConfig
 from replay.transcripts.entries import sent_entries

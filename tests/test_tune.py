@@ -12,30 +12,21 @@ import json
 import pytest
 from cli_helpers import one_error, run
 
-from replay.commands.tune import tune
+from replay.run.tune import tune
 from replay.paths import FIXTURES
-from replay.runtime.llama import Model
-from replay.transcripts.readers import read_file
 from replay.tuning.sweep import sweep
 
 MODEL, DRAFT = FIXTURES / "tiny-target.gguf", FIXTURES / "tiny-draft.gguf"
 T = FIXTURES / "transcripts" / "tiny-draft-simple.json"
 
 
-@pytest.fixture(scope="module")
-def target():
-    m = Model(MODEL)
-    yield m
-    m.close()
+def _tune(path, varies):
+    """The Python API, started as the command line starts a run (run/tune.py)."""
+    return tune(path, MODEL, varies, flags={"draft_model": str(DRAFT)})
 
 
-def _tune(target, path_or_records, varies):
-    recs = read_file(path_or_records) if not isinstance(path_or_records, list) else path_or_records
-    return tune(recs, target, varies, flags={"draft_model": str(DRAFT)})
-
-
-def test_the_baseline_is_the_transcripts_own_draft_totals(target):
-    runs = _tune(target, T, ["--spec-draft-n-max=1,8"])
+def test_the_baseline_is_the_transcripts_own_draft_totals():
+    runs = _tune(T, ["--spec-draft-n-max=1,8"])
     base = runs[0]
     recorded = json.loads(T.read_text())["response"]["timings"]
     assert base.setting.spelled == "as recorded"
@@ -43,9 +34,9 @@ def test_the_baseline_is_the_transcripts_own_draft_totals(target):
     assert base.records[0].emitted == tuple(json.loads(T.read_text())["response"]["tokens"])
 
 
-def test_the_draft_length_changes_the_decodes_not_the_tokens_under_sample_and_match(target):
+def test_the_draft_length_changes_the_decodes_not_the_tokens_under_sample_and_match():
     """Greedy drafting is verified by sample-and-match: the target's own draws, whatever was drafted."""
-    runs = {r.setting.spelled: r for r in _tune(target, T, ["--spec-draft-n-max=1,2,8"])}
+    runs = {r.setting.spelled: r for r in _tune(T, ["--spec-draft-n-max=1,2,8"])}
     one, two, eight = (runs[f"--spec-draft-n-max {n}"] for n in (1, 2, 8))
     assert all(r.records[0].same_tokens is True for r in (one, two, eight))
     assert [r.total("drafted") for r in (one, two, eight)] == [13, 24, 82]
@@ -55,15 +46,15 @@ def test_the_draft_length_changes_the_decodes_not_the_tokens_under_sample_and_ma
     assert eight.records[0].draft[0] > two.records[0].draft[0] > one.records[0].draft[0] > 0
 
 
-def test_an_ngram_type_that_finds_nothing_drafts_nothing(target):
-    runs = {r.setting.spelled: r for r in _tune(target, T, ["--spec-type=ngram-simple"])}
+def test_an_ngram_type_that_finds_nothing_drafts_nothing():
+    runs = {r.setting.spelled: r for r in _tune(T, ["--spec-type=ngram-simple"])}
     r = runs["--spec-type ngram-simple"]
     assert (r.total("drafted"), r.records[0].draft) == (0, (0, 0))
     assert r.target_decodes == r.tokens  # one decode per token: the prompt's, then one per step
 
 
-def test_a_probabilistic_draft_at_temperature_1_is_one_sampled_run_per_setting(target):
-    runs = _tune(target, FIXTURES / "transcripts" / "tiny-completion-grammar-probabilistic.json",
+def test_a_probabilistic_draft_at_temperature_1_is_one_sampled_run_per_setting():
+    runs = _tune(FIXTURES / "transcripts" / "tiny-completion-grammar-probabilistic.json",
                  ["--spec-draft-n-max=1,8"])
     rec = runs[0].records[0]
     assert not rec.exact and rec.to_json()["counts"] == "one sampled run (the request's seed)"
@@ -133,20 +124,20 @@ def test_samples_add_runs_with_the_next_seeds_and_give_a_mean_with_its_interval(
     assert min(runs) <= low <= acc["mean"] <= high <= max(runs)
 
 
-def test_the_expectation_is_the_verifiers_along_the_recorded_tokens_where_a_setting_emits_them(target):
-    runs = _tune(target, T, ["--spec-draft-n-max=1,8"])
+def test_the_expectation_is_the_verifiers_along_the_recorded_tokens_where_a_setting_emits_them():
+    runs = _tune(T, ["--spec-draft-n-max=1,8"])
     for run_ in runs:
         rec = run_.records[0]
         assert rec.expected is not None and rec.expected.along == "the recorded tokens"
         assert rec.expected.drafted == rec.drafted and 0 < rec.expected.accepted < rec.expected.drafted
-    grammar = _tune(target, FIXTURES / "transcripts" / "tiny-completion-grammar-probabilistic.json",
+    grammar = _tune(FIXTURES / "transcripts" / "tiny-completion-grammar-probabilistic.json",
                     ["--spec-draft-n-max=1"])
     assert grammar[0].records[0].expected is None
     assert grammar[0].records[0].no_expectation == "a grammar resamples what it rejects"
 
 
 def test_a_setting_the_loop_cannot_run_is_refused_before_anything_is_replayed(monkeypatch):
-    import replay.commands.tune as tune_mod
+    import replay.run.tune as tune_mod
     ran = []
     monkeypatch.setattr(tune_mod, "run_setting", lambda *a, **k: ran.append(a) or pytest.fail("replayed"))
     msg = one_error(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-type=ngram-mod,draft-mtp"))

@@ -9,12 +9,17 @@ the count (an argmax keeps a draft token with probability 0 or 1).
 """
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from replay.commands.record import RequestItem, record_one
-from replay.commands.tune import prepare, timed_records, tune
+from replay.commands.tune import prepare, timed_records
 from replay.errors import TranscriptError
 from replay.llamacpp.process import ServerConfig
+from replay.run.tune import tune
 from replay.runtime.llama import Model
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text
@@ -38,12 +43,12 @@ def _chat(k: int, content: str, max_tokens: int = 40) -> dict:
             "seed": 7 + k}
 
 
-def _sweep(recs, model_path, varies, flags):
-    model = Model(model_path)
-    try:
-        return tune(recs, model, varies, flags=flags)
-    finally:
-        model.close()
+def _sweep(recs, model_path, varies, flags, **kw):
+    """The Python API over the records as the JSONL they were recorded to (run/tune.py)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "chat.jsonl"
+        path.write_text("".join(json.dumps(r.container) + "\n" for r in recs))
+        return tune(path, model_path, varies, flags=flags, **kw)
 
 
 def _same_tokens_and_expectation_is_the_count(runs) -> None:
@@ -118,11 +123,7 @@ def test_smollm2_sampling_at_temperature_1_with_a_probabilistic_draft(start_serv
                                     draft_sampling="probabilistic", n_ctx=2048))
     recs = _record(srv, [{**_chat(k, f"Write two sentences about {t}."), "temperature": 1.0}
                          for k, t in enumerate(TOPICS)])
-    model = Model(smollm2)
-    try:
-        runs = tune(recs, model, ["--spec-draft-n-max=1,6"], flags={"draft_model": str(smollm2)}, samples=5)
-    finally:
-        model.close()
+    runs = _sweep(recs, smollm2, ["--spec-draft-n-max=1,6"], {"draft_model": str(smollm2)}, samples=5)
     base = runs[0]
     assert not any(r.exact for r in base.records)
     assert all(r.expected.along == "the recorded tokens" for r in base.records)

@@ -1,10 +1,14 @@
 """The `spec-replay` command line: thin commands over the library, one module per concern.
 
     recover.py   recover, diff          trace.py    trace
-    record.py    record                 audit.py    check, demo
-    llamacpp.py  build, patch           lab.py      dist
-    options.py   llama-server's flags, generated from the settings table
+    tune.py      tune                   check.py    check, demo
+    record.py    record                 llamacpp.py build, patch
+    lab.py       dist
+    options.py   llama-server's flags, generated from the settings table; the options every run takes
     render.py    report tables          progress.py one progress bar on stderr
+
+Every run (recover, diff, trace, tune) starts at the front door (replay/run/: its inputs checked, its
+engine chosen), as the Python API does; a command parses, calls it and renders what comes back.
 
 Every failure prints one `Error: ...` line on stderr and exits with a documented code
 (errors.Exit: 1 the check failed, 2 usage, 3 could not run, 70 a bug, 130 interrupted, 141 stdout closed);
@@ -21,7 +25,7 @@ from pathlib import Path
 import click
 
 from replay.version import __version__
-from replay.errors import Exit, SpecReplayError
+from replay.errors import Exit, SpecReplayError, UsageError
 
 
 def _fail(ctx: click.Context, code: int, line: str, detail: str | None = None, kind: str = "error") -> None:
@@ -89,6 +93,8 @@ class Command(click.Command):
             raise _one_line(e) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except UsageError as e:  # found past parsing (run/inputs.py): shown as click's own usage errors
+            raise OneLineUsage(str(e), ctx=ctx) from None
         except SpecReplayError as e:
             if os.environ.get("SPEC_REPLAY_RAISE_ERRORS"):
                 raise
@@ -179,4 +185,4 @@ def main() -> None:
     """
 
 
-from replay.cli import audit, lab, llamacpp, record, recover, trace, tune  # noqa: E402,F401  (register the commands)
+from replay.cli import check, lab, llamacpp, record, recover, trace, tune  # noqa: E402,F401  (register the commands)

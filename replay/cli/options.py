@@ -10,7 +10,6 @@ or llama-server's default (settings/config.py), and reports say which.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -164,30 +163,20 @@ def libllama_option(fn: Callable) -> Callable:
                              "'bundled' for llama-cpp-python's own")(fn)
 
 
-def choose_libllama(explicit: str | None, source, build: int | None, records=(), *, quiet: bool = False) -> None:
-    """Pick the libllama for this run (loaded on first use) and say which on stderr, with a hint when
-    the build's own could be built; with `quiet` (--json, whose output carries it) only warnings."""
-    from replay.llamacpp.libllama import libllama_for
-    from replay.runtime.binding import loaded_path, use_libllama
-    infos = [r.server_build for r in records]
-    choice = libllama_for(explicit=explicit, source=source and Path(source), build=build, build_infos=infos)
-    if not use_libllama(choice, strict=bool(explicit)):  # in-process reuse (tests, notebooks): keep what is loaded
-        if not quiet:
-            click.echo(f"libllama: {loaded_path() or 'llama-cpp-python own'} (already loaded in this process; "
-                       f"{choice.describe()} not used)", err=True)
-        return
-    if not quiet:
-        click.echo(f"libllama: {choice.describe()}", err=True)
-    if choice.warning:
-        click.echo(f"warning: {choice.warning}", err=True)
-    if choice.hint and not quiet:
-        click.echo(f"hint: {choice.hint}", err=True)
+def server_cpu_option(fn: Callable) -> Callable:
+    """--server-cpu: the CPU variant the server computed with (run/kernels/policy.py)."""
+    return click.option(
+        "--server-cpu", "server_cpu", metavar="VARIANT",
+        help="the CPU variant the server computed with (x64, sse42, sandybridge, ivybridge, piledriver, haswell, "
+             "skylakex, icelake, zen4, ...: the libggml-cpu-<variant>.so a release build loaded), instead of "
+             "finding it from the transcript's first real entry; needs a release-style libllama "
+             "(spec-replay build, the default --cpu variants)")(fn)
 
 
-def input_file(path: str, what: str, error: type) -> None:
-    """A file the command reads: one line (exit 3) if it is missing or not a file."""
-    p = Path(path)
-    if p.is_dir():
-        raise error(f"{path} is a directory, not {what}")
-    if not p.is_file():
-        raise error(f"{what} not found: {path}")
+def stderr_say(quiet: bool) -> Callable[[str, bool], None]:
+    """What a run's front door says (run/engine.py), on stderr: warnings always, the rest unless `quiet`
+    (--json, whose report carries it)."""
+    def say(line: str, warning: bool = False) -> None:
+        if warning or not quiet:
+            click.echo(line, err=True)
+    return say

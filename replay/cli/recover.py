@@ -1,32 +1,29 @@
 """`spec-replay recover` and `diff`: the real logprobs of recorded transcripts."""
 from __future__ import annotations
 
-import hashlib
 import math
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
 
 from replay.cli import check_failed, main
-from replay.cli.kernels import choose_kernels, server_cpu_option
 from replay.cli.options import (
     BUILD,
     build_number,
-    choose_libllama,
     every_server_flag,
     given_flags,
-    input_file,
     json_option,
     libllama_option,
+    server_cpu_option,
     server_flags,
+    stderr_say,
     verbose_option,
 )
 from replay.commands.recover import RecoverOptions
 from replay.comparison.values import DEFAULT_TOLERANCE
-from replay.errors import Exit, SpecReplayError
 from replay.report import schema as report_json
 from replay.report.recovery import RecoverResult
+from replay.run.inputs import Inputs, Outputs
 
 
 def _recover_options(fn):
@@ -92,48 +89,29 @@ class _Tolerance(click.ParamType):
 TOLERANCE = _Tolerance()
 
 
-def _load(transcript: str, request_file: str | None, model: str, *, renamed: bool = False):
-    """(records, the file's text, the --request body), after checking the files (a wrong model is
-    reported first, by name where the transcript names its model: reading/identity.py)."""
-    from replay.reading.identity import file_name, model_names
-    from replay.errors import ModelError, TranscriptError
-    from replay.runtime.gguf import check_gguf
-    from replay.transcripts.files import read_request
-    from replay.transcripts.readers import read_source, read_text
-    input_file(transcript, "a transcript file", TranscriptError)
-    input_file(model, "a model file", ModelError)
-    check_gguf(model)
-    request = read_request(request_file) if request_file else None
-    original = read_source(transcript)
-    records = read_text(original, str(transcript), request)
-    for rec in records if not renamed else ():
-        for where, name in model_names(rec):
-            if file_name(name) not in (None, Path(model).name):
-                raise ModelError(f"{rec.where}: the server loaded {file_name(name)} ({where}), -m is "
-                                 f"{Path(model).name}: give the file the server loaded (--renamed-model if it is "
-                                 "that file renamed)")
-    return records, original, request
-
-
-def _not_an_input(out: Path, transcript: str, request_file: str | None, what: str) -> None:
-    """The output must never be an input: -o equal to the transcript would overwrite it (--in-place says
-    that on purpose)."""
-    for src in filter(None, (transcript, request_file)):
-        s = Path(src)
-        if out.resolve() == s.resolve() or (out.exists() and s.exists() and out.samefile(s)):
-            raise click.UsageError(f"{what} {out} is the input {src}: write elsewhere, or give --in-place to "
-                                   "replace the transcript on purpose")
-
-
-def _run(records, model: str, flags: dict, options: RecoverOptions, verbose: bool, *, skip: int = 0,
-         on_record=None):
-    from replay.cli.progress import progress_bar
-    from replay.commands.recover import recover_records
+def _start(transcript: str, model: str, request_file: str | None, flags: dict, *, renamed_model: bool,
+           tolerance: float, no_prefix_reuse: bool, build: str | None, source: Path | None,
+           server_backend: str | None, shared_batches: bool, libllama: str | None, server_cpu: str | None,
+           as_json: bool, verbose: bool):
+    """The run's front door (run/): its inputs read and checked, its engine chosen; (inputs, engine, task)."""
+    from replay.run.engine import choose_engine
+    from replay.run.recover import RecoverTask
     from replay.runtime.llama import set_verbose
+    inputs = Inputs.read(transcript, model, request_file=request_file, renamed=renamed_model)
+    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
+                             build=build_number(build), source=source, shared_batches=shared_batches,
+                             renamed_model=renamed_model)
+    engine = choose_engine(inputs, flags=flags, options=options, libllama=libllama, server_cpu=server_cpu,
+                           say=stderr_say(as_json))
     set_verbose(verbose)
-    with progress_bar(len(records), "recovering records", done=skip) as advance:
-        return recover_records(records, model, flags=flags, options=options,
-                               progress=lambda done, total: advance(done), skip=skip, on_record=on_record)
+    return inputs, engine, RecoverTask(flags, options)
+
+
+def _in_process(inputs: Inputs, engine, task) -> RecoverResult:
+    from replay.cli.progress import progress_bar
+    from replay.run.recover import recover_inputs
+    with progress_bar(len(inputs.records), "recovering records") as advance:
+        return recover_inputs(inputs, engine, task, progress=lambda done, total: advance(done))
 
 
 def _show(res: RecoverResult, as_json: bool) -> None:
@@ -160,19 +138,12 @@ def _show(res: RecoverResult, as_json: bool) -> None:
             click.echo(f"note: {r.source}, record {r.record}: {note}")
 
 
-def _write_report(report_file: str | None, res: RecoverResult, force: bool) -> None:
-    from replay.transcripts.files import write_atomic
-    if report_file:
-        write_atomic(report_file, report_json.dumps(res.to_json(), indent=2) + "\n", force=force)
-
-
-def _write_page(html_file: str | None, res: RecoverResult, force: bool) -> None:
-    """--html: the report as one self-contained page (report/pages.py)."""
-    from replay.report.pages import recover_page
-    from replay.transcripts.files import write_atomic
-    if html_file:
-        write_atomic(html_file, recover_page(res), force=force)
-        click.echo(f"wrote {html_file}", err=True)
+def _write(res: RecoverResult, outputs: Outputs, force: bool) -> None:
+    """--report and --html, before anything is shown (report/outputs.py)."""
+    from replay.report.outputs import write_page, write_report
+    write_report(outputs.report_file, res, force)
+    if write_page(outputs.html_file, res, force):
+        click.echo(f"wrote {outputs.html_file}", err=True)
 
 
 def _wrote(out: Path, res: RecoverResult, n_records: int, extra: str = "") -> None:
@@ -216,46 +187,26 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
     spec-replay recover evals.jsonl -m target.gguf -o evals.fixed.jsonl --resume
     spec-replay recover response.json --request request.json -m target.gguf --in-place
     """
-    from replay.commands.recover import result_of
-    from replay.transcripts.files import refuse_existing, write_atomic
+    from replay.transcripts.files import write_atomic
     flags = given_flags(flags)
     if bool(output) == bool(in_place):
         raise click.UsageError("give exactly one of -o/--output and --in-place")
     out = Path(transcript).resolve() if in_place else Path(output)
-    if not in_place:
-        _not_an_input(out, transcript, request_file, "-o")
-    if not in_place and not resume:
-        refuse_existing(out, force)
-    for name, extra in (("--report", report_file), ("--html", html_file)):
-        if extra:
-            _not_an_input(Path(extra), transcript, request_file, name)
-            if Path(extra).resolve() == out.resolve():
-                raise click.UsageError(f"{name} must not be the output file")
-            refuse_existing(extra, force)
-    if report_file and html_file and Path(report_file).resolve() == Path(html_file).resolve():
-        raise click.UsageError("--report and --html must be different files")
-    build = build_number(build)
-    records, original, request = _load(transcript, request_file, model, renamed=renamed_model)
-    choose_libllama(libllama, source, build, records, quiet=as_json)
-    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
-                             build=build, source=source, shared_batches=shared_batches,
-                             renamed_model=renamed_model)
-    options = replace(options, cpu=choose_kernels(records, text=original, source=str(transcript), request=request,
-                                                  model=str(Path(model).resolve()), flags=flags, options=options,
-                                                  server_cpu=server_cpu, quiet=as_json))
-    if len(records) > 1:
-        _recover_journaled(Inputs(records, original, request, str(transcript), model, flags, options, verbose),
-                           Outputs(out, force or in_place, resume, as_json, report_file, html_file),
-                           workers=workers, ray_address=ray_address)
+    outputs = Outputs(out, report_file, html_file, force, in_place, resume).check(transcript, request_file)
+    inputs, engine, task = _start(transcript, model, request_file, flags, renamed_model=renamed_model,
+                                  tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build, source=source,
+                                  server_backend=server_backend, shared_batches=shared_batches, libllama=libllama,
+                                  server_cpu=server_cpu, as_json=as_json, verbose=verbose)
+    if len(inputs.records) > 1:
+        _journaled(inputs, engine, task, outputs, as_json, workers=workers, ray_address=ray_address)
         return
     if workers > 1 or ray_address:
         click.echo("note: one record: --workers/--ray do not apply", err=True)
     if resume:
         raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
-    res = result_of(records, _run(records, model, flags, options, verbose), original)
+    res = _in_process(inputs, engine, task)
     # files first, then the report on stdout (a reader that stops early, `| head`, loses nothing)
-    _write_report(report_file, res, force)
-    _write_page(html_file, res, force)
+    _write(res, outputs, force)
     reason = res.failure()
     if not reason:  # a replay that disagrees with the server's real values is suspect everywhere: write nothing
         write_atomic(out, res.repaired, force=force or in_place)
@@ -263,110 +214,21 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
     if reason:
         check_failed(f"{reason}; nothing written" + ("" if in_place else f" to {out}"), res.failure_detail(),
                      res.failure_code())
-    _wrote(out, res, len(records))
+    _wrote(out, res, len(inputs.records))
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """What a recover run reads: the transcript's records (and its text, for the journal's fingerprint and
-    the workers), the model, the server flags given here (settings attrs) and the options."""
-
-    records: list
-    original: str
-    request: dict | None
-    transcript: str
-    model: str
-    flags: dict
-    options: RecoverOptions
-    verbose: bool
-
-
-@dataclass(frozen=True)
-class Outputs:
-    """Where a recover run writes: the repaired file (through its journal), the report and the page."""
-
-    out: Path
-    force: bool
-    resume: bool
-    as_json: bool
-    report_file: str | None
-    html_file: str | None
-
-
-def _recover_journaled(inp: Inputs, outs: Outputs, *, workers: int = 1, ray_address: str | None = None) -> None:
-    """A JSONL's records through the journal (OUT.partial), on one process or many (scale/)."""
+def _journaled(inputs: Inputs, engine, task, outputs: Outputs, as_json: bool, *, workers: int,
+               ray_address: str | None) -> None:
+    """A JSONL's records through the journal (scale/journaled.py), then the report and its verdict."""
     from replay.cli.progress import progress_bar
-    from replay.runtime.binding import loaded_path
-    from replay.runtime.llama import set_verbose
-    from replay.scale.ordered import InOrder, run_units
-    from replay.scale.worker import Done, Job, default_threads
-    from replay.transcripts.chains import plan_units
-    from replay.transcripts.journal import Journal
-    if outs.resume and outs.out.exists() and not outs.force and not Path(str(outs.out) + ".partial").exists():
-        raise click.UsageError(f"{outs.out} exists and there is no interrupted run to resume")
-    if ray_address is not None:
-        from replay.scale.ray_pool import check_cluster
-        check_cluster(ray_address)
-    fingerprint = {"input": str(Path(inp.transcript).resolve()),
-                   "input_sha256": hashlib.sha256(inp.original.encode("utf-8")).hexdigest(),
-                   "model": str(Path(inp.model).resolve()), "tolerance": inp.options.tolerance,
-                   "libllama": str(loaded_path() or "bundled"),
-                   **({"cpu": inp.options.cpu.variant} if inp.options.cpu is not None else {}),
-                   "flags": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(inp.flags.items())}}
-    journal = Journal(outs.out, fingerprint)
-    done = journal.open(resume=outs.resume, force=outs.force)
-    if done > len(inp.records):
-        raise click.UsageError(f"{journal.path} has {done} records but the input only {len(inp.records)}")
-    set_verbose(inp.verbose)
-    finished = set(range(done)) | set(journal.ahead)
-    units = plan_units(inp.records, finished)
-    parallel = workers > 1 or ray_address is not None
-    threads = inp.flags.get("threads") or (default_threads(workers) if parallel and not ray_address else None)
-    job = Job(inp.original, str(inp.transcript), inp.request, str(Path(inp.model).resolve()), inp.flags, inp.options,
-              threads, None if loaded_path() is None else str(loaded_path()))
-    writer = InOrder(journal, done)
-    results: list[Done] = []
-    failed: list[Done] = []
-    if parallel and len(units) < workers:
-        click.echo(f"note: {len(inp.records) - len(finished)} records form {len(units)} unit(s) of work (records the "
-                   "server served from the previous one's cache stay together): fewer than --workers", err=True)
-    try:
-        with progress_bar(len(inp.records), "recovering records", done=len(finished)) as advance:
-            def on_done(d: Done) -> bool:
-                results.append(d)
-                advance(len(finished) + len(results))
-                if d.line is None or not d.report.recovered:
-                    failed.append(d)
-                    return False
-                writer.add(d.index, d.line)
-                return True
-            run_units(job, units, workers=workers, ray_address=ray_address, on_done=on_done,
-                      on_note=lambda text: click.echo(f"note: {text}", err=True))
-    except SpecReplayError:
-        if not outs.resume:
-            journal.discard_if_empty()
-        raise
-    finally:
-        journal.close()
-    res = RecoverResult([d.report for d in sorted(results, key=lambda d: d.index)], "")
-    _write_report(outs.report_file, res, outs.force)
-    _write_page(outs.html_file, res, outs.force)
-    wrong = None if failed else res.failure()  # the transcript judged as a whole (comparison/values.py)
-    if not failed and not wrong:
-        journal.finish(force=outs.force)
-    _show(res, outs.as_json)
-    if wrong:
-        check_failed(f"{wrong}; {outs.out} not written (the records are kept in {journal.path})", res.failure_detail(),
-                     res.failure_code())
-    if failed:
-        kept = f"the {writer.next} records before it are kept in {journal.path}"
-        if journal.ahead_path.exists():
-            kept += f" (and those finished after it in {journal.ahead_path.name})"
-        check_failed(f"{res.failure() or failed[0].report.source + ': record could not be repaired'}; "
-                     f"{outs.out} not written ({kept})", res.failure_detail(),
-                     res.failure_code() if res.failure() else Exit.ERROR)
-    earlier = len(finished)
-    _wrote(outs.out, res, len(inp.records), f" ({earlier} finished earlier)" if earlier else "")
+    from replay.scale.journaled import recover_journaled
+    with progress_bar(len(inputs.records), "recovering records") as advance:
+        run = recover_journaled(inputs, engine, task, outputs, workers=workers, ray_address=ray_address,
+                                say=lambda line: click.echo(line, err=True), progress=advance)
+    _show(run.result, as_json)
+    if run.failure is not None:
+        check_failed(*run.failure)
+    _wrote(outputs.out, run.result, len(inputs.records), f" ({run.earlier} finished earlier)" if run.earlier else "")
 
 
 @main.command()
@@ -381,27 +243,15 @@ def diff(transcript, model, renamed_model, request_file, report_file, tolerance,
     spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
     spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
     """
-    from replay.transcripts.files import refuse_existing
-    for name, extra in (("--report", report_file), ("--html", html_file)):
-        if extra:
-            _not_an_input(Path(extra), transcript, request_file, name)
-            refuse_existing(extra, force)
-    if report_file and html_file and Path(report_file).resolve() == Path(html_file).resolve():
-        raise click.UsageError("--report and --html must be different files")
-    build = build_number(build)
-    records, original, request = _load(transcript, request_file, model, renamed=renamed_model)
-    choose_libllama(libllama, source, build, records, quiet=as_json)
-    options = RecoverOptions(tolerance=tolerance, reuse_prefix=not no_prefix_reuse, server_backend=server_backend,
-                             build=build, source=source, shared_batches=shared_batches,
-                             renamed_model=renamed_model)
     flags = given_flags(flags)
-    options = replace(options, cpu=choose_kernels(records, text=original, source=str(transcript), request=request,
-                                                  model=str(Path(model).resolve()), flags=flags, options=options,
-                                                  server_cpu=server_cpu, quiet=as_json))
-    done = _run(records, model, flags, options, verbose)
-    res = RecoverResult([d.report for d in done], "")
-    _write_report(report_file, res, force)
-    _write_page(html_file, res, force)
+    outputs = Outputs(None, report_file, html_file, force).check(transcript, request_file)
+    inputs, engine, task = _start(transcript, model, request_file, flags, renamed_model=renamed_model,
+                                  tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build, source=source,
+                                  server_backend=server_backend, shared_batches=shared_batches, libllama=libllama,
+                                  server_cpu=server_cpu, as_json=as_json, verbose=verbose)
+    res = _in_process(inputs, engine, task)
+    res.repaired = ""  # diff writes nothing
+    _write(res, outputs, force)
     _show(res, as_json)
     reason = res.failure()
     if reason:

@@ -2,56 +2,42 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Callable
 
 import click
 from tabulate import tabulate
 
 from replay.cli import check_failed, main
-from replay.cli.kernels import choose_kernels, server_cpu_option
 from replay.cli.options import (
     BUILD,
     build_number,
-    choose_libllama,
     every_server_flag,
     given_flags,
-    input_file,
     json_option,
     libllama_option,
+    server_cpu_option,
     server_flags,
+    stderr_say,
     verbose_option,
 )
 from replay.cli.render import shown
 from replay.comparison.trace import TraceResult
-from replay.errors import ModelError, TranscriptError
 from replay.report import schema as report_json
-from replay.transcripts.concurrency import shared_evidence
+from replay.run.inputs import Inputs, Outputs
 from replay.transcripts.readers import Record
 
 
-def load_for_loop(transcript: str | None, request_file: str | None, model: str, flags: dict, *, build: int | None,
-                  source: str | None, libllama: str | None, server_cpu: str | None, quiet: bool):
-    """The records (none without a transcript) and the target, for a command that runs the server's loop
-    (trace, tune): inputs checked in one line each, the libllama and the CPU kernels chosen (probed on this
-    host) before the model loads. Returns (records, target Model, the kernels chosen)."""
-    from replay.commands.recover import RecoverOptions
-    from replay.runtime.gguf import check_gguf
-    from replay.runtime.llama import Model, model_params
-    from replay.transcripts.files import read_request
-    from replay.transcripts.readers import read_file, read_source
-    if transcript:
-        input_file(transcript, "a transcript file", TranscriptError)
-    input_file(model, "a model file", ModelError)
-    check_gguf(model)
-    request = read_request(request_file) if request_file else None
-    records = read_file(transcript, request) if transcript else []
-    choose_libllama(libllama, source, build, records, quiet=quiet)
-    kernels = choose_kernels(records, text=read_source(transcript) if transcript else "", source=str(transcript),
-                             request=request, model=str(Path(model).resolve()), flags=flags,
-                             options=RecoverOptions(build=build, source=source and Path(source)),
-                             server_cpu=server_cpu, quiet=quiet)
-    return records, Model(model, **model_params(flags)), kernels
+def start_loop(transcript: str | None, request_file: str | None, model: str, flags: dict, *, build: int | None,
+               source: str | None, libllama: str | None, server_cpu: str | None, renamed: bool, quiet: bool):
+    """The front door of a run of the server's loop (trace, tune): its inputs read and checked in one line
+    each, its engine chosen (the libllama and the CPU kernels, probed on this host) before any model
+    loads. Returns (inputs, engine)."""
+    from replay.run.engine import choose_engine
+    from replay.run.trace import TraceTask
+    inputs = Inputs.read(transcript, model, request_file=request_file, renamed=renamed)
+    options = TraceTask(flags, build, source).options()
+    return inputs, choose_engine(inputs, flags=flags, options=options, libllama=libllama, server_cpu=server_cpu,
+                                 say=stderr_say(quiet))
 
 
 @main.command()
@@ -101,47 +87,40 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3 --temp 1
     """
     from replay.cli.progress import progress_bar
-    from replay.commands.trace import Drafts, trace_prompt, trace_record
-    from replay.commands.trace_state import ServerState
-    from replay.runtime.llama import model_params, set_verbose
-    from replay.transcripts.files import refuse_existing, write_atomic
+    from replay.run.task import run_all
+    from replay.run.trace import TraceTask
+    from replay.runtime.llama import set_verbose
+    from replay.transcripts.files import write_atomic
     flags = given_flags(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
         raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")
     if transcript and prompt:
         raise click.UsageError("give a TRANSCRIPT or --prompt, not both")
-    if html_file:
-        if transcript and Path(html_file).resolve() == Path(transcript).resolve():
-            raise click.UsageError("--html must not be the transcript")
-        refuse_existing(html_file, force)
+    Outputs(html_file=html_file, force=force).check(transcript, request_file)
     build = build_number(build)
-    records, target, kernels = load_for_loop(transcript, request_file, model, flags, build=build, source=source,
-                                             libllama=libllama, server_cpu=server_cpu, quiet=as_json)
-    drafts = Drafts(model_params(flags))
+    inputs, engine = start_loop(transcript, request_file, model, flags, build=build, source=source, libllama=libllama,
+                                server_cpu=server_cpu, renamed=renamed_model, quiet=as_json)
+    task = TraceTask(flags, build, str(source) if source else None, renamed_model)
+    records = inputs.records
+    session = task.open(inputs, engine)
+    target = session.target
     results: list[tuple[Record | None, TraceResult]] = []
     if workers > 1 and len(records) < 2:
         click.echo("note: one record: --workers does not apply", err=True)
     if transcript and workers > 1 and len(records) > 1:
-        results = _trace_on_workers(transcript, records, request_file, target, model, flags, build, source, workers,
-                                    renamed_model)
+        results = _trace_on_workers(inputs, engine, task, target, workers)
     elif transcript:
         # records of one JSONL are requests to one server, in order
-        with ServerState(flags.get("n_parallel")) as state, progress_bar(len(records), "tracing records") as advance:
-            shared = shared_evidence(records, flags.get("n_parallel"), False)
-            for rec in records:
-                res = trace_record(rec, target, flags=flags, build=build, source=source and Path(source),
-                                   slot_state=state.slot(rec), drafts=drafts, renamed=renamed_model,
-                                   shared=shared.get(rec.index))
-                results.append((rec, res.lighten()))
-                advance(len(results))
+        with progress_bar(len(records), "tracing records") as advance:
+            done = run_all(session, len(records), lambda d: advance(d.index + 1))
+        results = [(records[d.index], d.result) for d in done]
     else:
-        results.append((None, trace_prompt(target, prompt, flags=flags, build=build, source=source and Path(source),
-                                           drafts=drafts)))
+        results.append((None, session.prompt(prompt)))
     for shape in dict.fromkeys(r.shape for _, r in results if r.shape is not None and r.shape.warning):
         click.echo(f"warning: {shape.warning}", err=True)
     piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
-    cpu = {} if kernels is None else {"kernels": kernels.to_json()}
+    cpu = {} if engine.kernels is None else {"kernels": engine.kernels.to_json()}
     if html_file:  # before the report: a reader that stops early loses nothing
         from replay.report.pages import trace_page
         write_atomic(html_file, trace_page([(rec.where if rec else "--prompt", r) for rec, r in results], piece,
@@ -168,28 +147,26 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
                      "above shows where")
 
 
-def _trace_on_workers(transcript: str, records: list[Record], request_file: str | None, target, model: str,
-                      flags: dict, build: int | None, source: str | None,
-                      workers: int, renamed: bool = False) -> list[tuple[Record, TraceResult]]:
+def _trace_on_workers(inputs: Inputs, engine, task, target, workers: int) -> list[tuple[Record, TraceResult]]:
     """trace over `workers` processes (scale/local.py), records that share server state kept together
     in order (commands/trace_state.py); the results in file order, the same as one process's."""
     from replay.cli.progress import progress_bar
     from replay.commands.trace_state import trace_units
-    from replay.scale.local import run_local
-    from replay.scale.worker import Job, TraceOptions
-    units = trace_units(records, flags, target.meta)
+    from replay.run.engine import for_workers
+    from replay.scale.ordered import run_units
+    from replay.scale.worker import Job, default_threads
+    records = inputs.records
+    units = trace_units(records, task.flags, target.meta)
     if len(units) < workers:
         click.echo(f"note: {len(records)} records form {len(units)} unit(s) of work (records that share the "
                    "server's state across requests stay together): fewer than --workers", err=True)
-    job = Job.from_files(transcript, request_file, model, flags, workers,
-                         trace=TraceOptions(build, str(Path(source).resolve()) if source else None, renamed))
+    job = Job(inputs, for_workers(engine, None if task.flags.get("threads") else default_threads(workers)), task)
     got: dict[int, TraceResult] = {}
     with progress_bar(len(records), "tracing records") as advance:
-        def on_event(kind: str, what) -> None:
-            if kind == "done":
-                got[what.index] = what.result
-                advance(len(got))
-        run_local(job, units, workers, on_event)
+        def on_done(d) -> None:
+            got[d.index] = d.result
+            advance(len(got))
+        run_units(job, units, workers=workers, on_done=on_done)
     return [(rec, got[k]) for k, rec in enumerate(records)]
 
 

@@ -1,14 +1,12 @@
 """`spec-replay tune`: the transcript's traffic replayed under other speculative settings (commands/tune.py)."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 from tabulate import tabulate
 
 from replay.cli import main
-from replay.cli.kernels import server_cpu_option
 from replay.cli.options import (
     BUILD,
     build_number,
@@ -16,12 +14,14 @@ from replay.cli.options import (
     given_flags,
     json_option,
     libllama_option,
+    server_cpu_option,
     server_flags,
     verbose_option,
 )
-from replay.cli.trace import load_for_loop
+from replay.cli.trace import start_loop
 from replay.errors import SettingsError, TranscriptError
 from replay.report import schema as report_json
+from replay.run.inputs import Outputs
 
 
 @main.command()
@@ -76,32 +76,26 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     spec-replay tune evals.jsonl -m target.gguf --vary --spec-type=ngram-mod,ngram-simple --json
     """
     from replay.cli.progress import progress_bar
-    from replay.commands.trace import Drafts
-    from replay.commands.tune import against_baseline, check_settings, cost_table, prepare, run_setting
-    from replay.runtime.llama import model_params, set_verbose
-    from replay.transcripts.files import refuse_existing, write_atomic
-    from replay.tuning.sweep import sweep
+    from replay.commands.tune import against_baseline, cost_table
+    from replay.run.tune import TuneTask, run_sweep
+    from replay.runtime.llama import set_verbose
+    from replay.transcripts.files import write_atomic
     flags = given_flags(flags)
     set_verbose(verbose)
+    task = TuneTask(flags, tuple(varies), build_number(build), renamed_model, samples)
     try:
-        settings = sweep(varies)  # a bad --vary is a usage error, before anything loads
+        settings = task.settings()  # a bad --vary is a usage error, before anything loads
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
-    if html_file:
-        if Path(html_file).resolve() == Path(transcript).resolve():
-            raise click.UsageError("--html must not be the transcript")
-        refuse_existing(html_file, force)
-    build = build_number(build)
-    records, target, _ = load_for_loop(transcript, request_file, model, flags, build=build, source=None,
-                                       libllama=libllama, server_cpu=server_cpu, quiet=as_json)
-    drafts = Drafts(model_params(flags))
-    prepared = prepare(records, target, flags, build=build, renamed=renamed_model)
-    check_settings(prepared, settings, flags, drafts)
-    hot = [p for p in prepared if p.read.settings.params.temp > 0]
-    if samples > 1 and not hot:
+    Outputs(html_file=html_file, force=force).check(transcript, request_file)
+    inputs, engine = start_loop(transcript, request_file, model, flags, build=task.build, source=None,
+                                libllama=libllama, server_cpu=server_cpu, renamed=renamed_model, quiet=as_json)
+    session = task.open(inputs, engine)
+    session.check()
+    prepared, target = session.prepared, session.target
+    if samples > 1 and session.samples == 1:
         click.echo("note: every record samples at temperature 0: --samples adds nothing", err=True)
-        samples = 1
-    total = len(settings) * len(records) * samples
+    total = len(settings) * len(inputs.records) * session.samples
     with progress_bar(total, "replaying settings x records") as advance:
         done = [0]
 
@@ -109,17 +103,13 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
             done[0] += n
             advance(done[0])
         if workers > 1 and len(settings) > 1:
-            runs = _tune_on_workers(transcript, request_file, model, flags, varies, build=build, renamed=renamed_model,
-                                    samples=samples, workers=workers, per_setting=len(records) * samples,
-                                    progress=step)
+            runs = against_baseline(_tune_on_workers(inputs, engine, task, workers, progress=step))
         else:
-            runs = [run_setting(prepared, s, target, flags=flags, drafts=drafts, renamed=renamed_model,
-                                samples=samples, progress=step) for s in settings]
-        against_baseline(runs)
+            runs = run_sweep(session, progress=step)
     table, notes = None, []
     try:
-        table, notes = cost_table(prepared, runs, target, how="measure" if measure else "timings", flags=flags,
-                                  drafts=drafts)
+        table, notes = cost_table(prepared, runs, target, how="measure" if measure else "timings",
+                                  flags=session.flags, drafts=session.drafts)
     except TranscriptError as e:
         if measure:
             raise
@@ -133,29 +123,23 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     if as_json:
         click.echo(report_json.dumps(payload, indent=2))
         return
-    show(runs, table, notes, samples)
+    show(runs, table, notes, session.samples)
     if html_file:
         click.echo(f"wrote {html_file}", err=True)
 
 
-def _tune_on_workers(transcript: str, request_file: str | None, model: str, flags: dict, varies, *, build: int | None,
-                     renamed: bool, samples: int, workers: int, per_setting: int, progress) -> list:
+def _tune_on_workers(inputs, engine, task, workers: int, progress) -> list:
     """Settings over `workers` processes (scale/local.py), each loading the models and reading the records
     once; the baseline is checked wherever it runs (its error stops the run)."""
-    from replay.scale.local import run_local
-    from replay.scale.worker import Job, TuneOptions
+    from replay.run.engine import for_workers
+    from replay.scale.ordered import run_units
+    from replay.scale.worker import Job, default_threads
     from replay.transcripts.chains import Unit
-    from replay.tuning.sweep import sweep
-    n = len(sweep(varies))
-    job = Job.from_files(transcript, request_file, model, flags, workers,
-                         tune=TuneOptions(tuple(varies), build, renamed, samples))
+    n = len(task.settings())
+    job = Job(inputs, for_workers(engine, None if task.flags.get("threads") else default_threads(workers)), task)
     got: dict[int, Any] = {}
-
-    def on_event(kind: str, what) -> None:
-        if kind == "done":
-            got[what.index] = what.run
-            progress(per_setting)
-    run_local(job, [Unit((k,)) for k in range(n)], workers, on_event)
+    run_units(job, [Unit((k,)) for k in range(n)], workers=workers,
+              on_done=lambda d: got.__setitem__(d.index, d.result), on_progress=progress)
     return [got[k] for k in range(n)]
 
 

@@ -1,13 +1,12 @@
-"""The features, each a pipeline over the layers below (cli/ is their thin I/O):
+"""The features, each a pipeline over the layers below, for one record after another (a run over a file
+starts at the front door above them, run/; cli/ is the thin I/O over that):
 
-    recover.py        recover: transcript -> tokens -> evaluation -> comparison -> report (the API:
-                      `recover`, `recover_records`, `Recoverer`)
+    recover.py        recover: transcript -> tokens -> evaluation -> comparison -> report (`Recoverer`,
+                      `RecoverOptions`, `result_of`)
     trace.py          trace: a record (or a prompt) through the speculative loop (loop/) with its
                       settings, checked token by token against the transcript
-    trace_state.py    what a server keeps across requests, per slot
-    probe.py          which CPU kernels computed a transcript: its first real entry under each
-                      variant, one process per variant (a process holds one ggml)
-    kernel_choice.py  the variant that reproduces the server, or a one-line refusal (pure)
+    trace_state.py    what a server keeps across requests, per slot, and which records it ties together
+    tune.py           a record's traffic under other speculative settings: the sweep's runs and costs
     record.py         record a transcript from a live server (verbose echo, /props, /slots)
-    audit.py          check: what a live server does with logprobs while it speculates
+    check.py          check: what a live server does with logprobs while it speculates
 """

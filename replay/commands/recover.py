@@ -5,15 +5,14 @@
          -> per-token comparison with what the server sent (compare, pure) -> TokenReports
          -> repaired copy of each record (repair, a separate pass) and the report (report)
 
-`recover()` is the Python API; the `recover` and `diff` commands are thin wrappers over it.
+`Recoverer` is the pipeline for one record after another; a run over a file starts at the front door
+(run/recover.py: `recover`, the Python API, and the task the commands and workers run).
 """
 from __future__ import annotations
 
-import json
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from replay.comparison.values import (
     BATCH_BOUND,
@@ -32,17 +31,17 @@ from replay.report.recovery import RecordReport, RecoverResult
 from replay.report.repair import Outcome, repair_record, serialise
 from replay.runtime.backend import kernels_differ, replay_backend, server_backend
 from replay.runtime.binding import library_in_use
+from replay.runtime.engine import KernelChoice
 from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
 from replay.settings import BY_ATTR
-from replay.settings.server_flags import from_mapping
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.entries import drafted, n_generated
 from replay.transcripts.plan import Gap, entry_at
-from replay.transcripts.readers import Record, read_source, read_text
+from replay.transcripts.readers import Record
 
 
 @dataclass(frozen=True)
@@ -57,8 +56,7 @@ class RecoverOptions:
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
     shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
     renamed_model: bool = False  # --renamed-model: -m is the server's file under another name (reading/identity.py)
-    only_entries: int = 0  # evaluate the prompt and only this many generated tokens; 0: all (commands/probe.py)
-    cpu: Any = None  # commands/kernel_choice.py KernelChoice: the CPU variant this run replays on (None: one linked in)
+    only_entries: int = 0  # evaluate the prompt and only this many generated tokens; 0: all (run/kernels/processes.py)
 
 
 @dataclass(frozen=True)
@@ -85,12 +83,16 @@ class Recoverer:
     """Holds the target model and one context; recovers records one after another.
 
     `flags` are server flags given on our command line (settings table attrs); each record's
-    context settings resolve from them, its transcript and /props (settings/config.py)."""
+    context settings resolve from them, its transcript and /props (settings/config.py). `kernels`: the
+    CPU kernels the run computes with (runtime/engine.py), for the report and the judgement of values
+    the server computed on kernels none of this host's reproduce."""
 
     def __init__(self, model: Model | str | Path, flags: dict | None = None,
-                 options: RecoverOptions | None = None, *, records: Sequence[Record] = ()):
+                 options: RecoverOptions | None = None, *, records: Sequence[Record] = (),
+                 kernels: KernelChoice | None = None):
         self.flags = dict(flags or {})
         self.options = options or RecoverOptions()
+        self.kernels = kernels
         # why each record's batches may have been shared, judged over the whole file (records that ran
         # at the same time show each other): transcripts/concurrency.py
         self.shared = shared_evidence(records, self.flags.get("n_parallel"), self.options.shared_batches)
@@ -163,8 +165,8 @@ class Recoverer:
         outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative)
         backend = server_backend(self._flags_as_spelled(rec), self.options.server_backend)
         kernels = kernels_differ(backend, self.backend)
-        cpu = self.options.cpu
-        if cpu is not None and cpu.how in ("nearest", "unknown") and kernels is None:
+        cpu = self.kernels
+        if cpu is not None and not cpu.reproduces and kernels is None:
             kernels = f"no CPU variant here reproduces the server's kernels ({cpu.describe()})"
         cause = numerics_cause(read.shared, kernels)
         judged, apart, batched = judge_numerics([o.report for o in outcomes], cause, self.options.batch_bound)
@@ -265,57 +267,6 @@ class Recoverer:
                              speculative=speculative, piece=self.text, missing_reason=reason)
             outcomes.append(Outcome(t, place, owns, report))
         return outcomes
-
-
-def recover(source: str | Path | dict | list, model: Model | str | Path, *, request: dict | None = None,
-            flags: dict | None = None, options: RecoverOptions | None = None,
-            progress: Callable[[int, int], None] | None = None) -> RecoverResult:
-    """Recover true probabilities for every record of a transcript.
-
-    `source` is a path, or an already-parsed object (a transcript, a {"request", "response"}
-    pair, or a bare response with `request`). `flags` are the server's flags as llama-server spells
-    them ({"--ctx-size": 4096, "-fa": "on"}; settings attrs like "n_ctx" too): a flag that changes
-    nothing recover computes is set aside with a warning, one it cannot reproduce or llama-server
-    does not have raises SettingsError (settings/server_flags.py). Returns the per-token report and
-    the repaired text in the source's own shape (empty when a record could not be recovered).
-
-        >>> from replay.paths import FIXTURES
-        >>> res = recover(FIXTURES / "transcripts" / "tiny-draft-simple.json", model=FIXTURES / "tiny-target.gguf")
-        >>> res.records[0].summary()["counts"]
-        {'ok': 1, 'placeholder': 19, 'missing': 0, 'mismatch': 0, 'unaligned': 0}
-    """
-    flags, notes = from_mapping(flags, "recover")
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
-    if isinstance(source, (dict, list)):
-        original = json.dumps(source)
-        records = read_text(original, "<object>", request)
-    else:
-        original = read_source(source)
-        records = read_text(original, str(source), request)
-    done = recover_records(records, model, flags=flags, options=options, progress=progress)
-    return result_of(records, done, original)
-
-
-def recover_records(records: list[Record], model: Model | str | Path, *, flags: dict | None = None,
-                    options: RecoverOptions | None = None, progress: Callable[[int, int], None] | None = None,
-                    skip: int = 0, on_record: Callable[[Record, Recovered], bool] | None = None) -> list[Recovered]:
-    """Recover records in order. `skip` leaves the first ones out (finished by an earlier,
-    interrupted run); `on_record(record, recovered)` runs after each and may return False to stop."""
-    r = Recoverer(model, flags, options, records=records)
-    out: list[Recovered] = []
-    try:
-        for k, rec in enumerate(records):
-            if k < skip:
-                continue
-            out.append(r.recover(rec))
-            if progress is not None:
-                progress(k + 1, len(records))
-            if on_record is not None and on_record(rec, out[-1]) is False:
-                break
-    finally:
-        r.close()
-    return out
 
 
 def result_of(records: list[Record], done: list[Recovered], original: str) -> RecoverResult:

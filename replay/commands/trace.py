@@ -10,12 +10,12 @@ What the trace is compared with, and why it parts, is comparison/trace.py.
 The server's flags resolve from ours, the transcript and its /props (settings/config.py), the
 sampling settings layer by layer (settings/sampling.py, reading/settings.py); the loop's
 shape (builds/loop_shapes.py) from `--source DIR`, `--build N` or the transcript's build_info. A divergence is explained by
-comparison/divergence.py.
+comparison/divergence.py. A run over a file starts at the front door (run/trace.py: `trace`, the API).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from replay.builds.loop_shapes import NEWEST, Shape, shape_for
 from replay.comparison.trace import (
@@ -40,7 +40,6 @@ from replay.schedule.prompt import MessageSpans
 from replay.settings import resolve
 from replay.settings.sampling import effective, server_sampling
 from replay.tokens.prompt_ids import message_spans
-from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.plan import Known, Plan
 from replay.transcripts.readers import Record
 
@@ -187,38 +186,3 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
                          server_sampling(flags=flags, model_meta=target.meta))
     return run_loop(target, Request(tuple(ids), settings, spec, 5, expect=expect), SlotConfig.of(ctx, None, shape.build),
                     shape=shape, draft_model=draft_model)
-
-
-def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Mapping[str, Any] | None = None,
-          request: dict | None = None, build: int | None = None, source: Path | None = None,
-          renamed: bool = False) -> list[TraceResult]:
-    """Trace every record of a transcript (a path, or an already-parsed object), in order, as requests to
-    one server. `flags` are the server's flags as llama-server spells them ({"-md": "draft.gguf",
-    "--spec-type": "draft-simple", "--spec-draft-n-max": 8}; settings attrs too): set aside with a warning
-    where they change nothing trace computes, SettingsError where trace cannot reproduce them or
-    llama-server has no such flag (settings/server_flags.py). Computes with the libllama loaded in this
-    process (runtime/binding.py).
-
-        >>> from replay.paths import FIXTURES
-        >>> [r.reproduced for r in trace(FIXTURES / "transcripts" / "tiny-draft-simple.json", FIXTURES / "tiny-target.gguf",
-        ...                              flags={"-md": FIXTURES / "tiny-draft.gguf"})]
-        [True]
-    """
-    import json
-    import warnings
-
-    from replay.commands.trace_state import ServerState
-    from replay.runtime.llama import model_params
-    from replay.settings.server_flags import from_mapping
-    from replay.transcripts.readers import read_file, read_text
-    attrs, notes = from_mapping({k: str(v) if isinstance(v, Path) else v for k, v in (flags or {}).items()}, "trace")
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
-    records = read_text(json.dumps(transcript), "<object>", request) if isinstance(transcript, (dict, list)) \
-        else read_file(transcript, request)
-    target = Model(check_gguf(model), **model_params(attrs))
-    drafts = Drafts(model_params(attrs))
-    shared = shared_evidence(records, attrs.get("n_parallel"), False)
-    with ServerState(attrs.get("n_parallel")) as state:
-        return [trace_record(rec, target, flags=attrs, build=build, source=source, slot_state=state.slot(rec),
-                             drafts=drafts, renamed=renamed, shared=shared.get(rec.index)) for rec in records]

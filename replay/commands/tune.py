@@ -47,7 +47,7 @@ from replay.tuning import calibrate
 from replay.tuning.costs import CostTable
 from replay.tuning.measure import measure
 from replay.tuning.runs import Counts, Expected, RecordRun, SettingRun, positions, sample_seeds
-from replay.tuning.sweep import BASELINE, Setting, sweep
+from replay.tuning.sweep import BASELINE, Setting
 
 Progress = Callable[[int], None]  # called with 1 after each record run
 RECORDED = "the recorded tokens"
@@ -152,20 +152,6 @@ def run_setting(prepared: Sequence[Prepared], setting: Setting, target: Model, *
                 if progress:
                     progress(1)
     return SettingRun(setting, out)
-
-
-def tune(records: Sequence[Record], target: Model, varies: Sequence[str], *, flags: Mapping[str, Any] | None = None,
-         drafts: Drafts | None = None, build: int | None = None, renamed: bool = False, samples: int = 1,
-         progress: Progress | None = None) -> list[SettingRun]:
-    """Replay every record under every setting of the sweep (module docstring); the baseline first. `flags`:
-    server flags given on the command line (settings attrs), under each setting's overrides."""
-    settings = sweep(varies)
-    flags = dict(flags or {})
-    drafts = drafts or Drafts()
-    prepared = prepare(records, target, flags, build=build, renamed=renamed)
-    check_settings(prepared, settings, flags, drafts)
-    return against_baseline([run_setting(prepared, s, target, flags=flags, drafts=drafts, renamed=renamed,
-                                         samples=samples, progress=progress) for s in settings])
 
 
 def against_baseline(runs: list[SettingRun]) -> list[SettingRun]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replay.commands.record import RequestItem, record_one
-from replay.commands.recover import recover_records
+from replay.commands.recover import Recoverer
 from replay.commands.trace import Drafts, trace_record
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.loop.state import SlotState
@@ -96,7 +96,11 @@ def run_config(cfg: Config, bins, target: Path, draft: Path, seeds: range = SEED
                 out["divergences"].append({"record": rec.index, "token": res.first_divergence,
                                            "draft_n": [res.draft_n, res.server_draft_n],
                                            "explanation": res.explanation.text if res.explanation else None})
-        done = recover_records(records, model)
+        recoverer = Recoverer(model, records=records)  # in this build's own process, on its libllama
+        try:
+            done = [recoverer.recover(rec) for rec in records]
+        finally:
+            recoverer.close()
         worst = 0.0
         for d, p in zip(done, plain):
             c = d.report.summary()["counts"]

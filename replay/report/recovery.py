@@ -41,7 +41,7 @@ class RecordReport:
     libllama: str | None = None  # runtime/binding.py: the libllama file it computed with (None: the binding's own)
     server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
-    cpu: dict | None = None  # commands/kernel_choice.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
+    cpu: dict | None = None  # runtime/engine.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
     cause: str | None = None  # comparison/values.py numerics_cause: why its values may differ from a one-request replay
     cause_kind: str | None = None  # comparison/values.py numerics_kind: the same, named (numerics.cause)
     weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values

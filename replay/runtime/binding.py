@@ -15,8 +15,10 @@ the library is loaded: each struct the replay passes by value or pointer has the
 the binding's order and sizes, each function the replay calls takes as many arguments.
 
 Everything in the package reaches libllama through `L` below, which imports the binding on first
-use. `use_libllama` must be called before that (the CLI does, once it knows the transcript's build);
-it is inherited by worker processes through SPEC_REPLAY_LIBLLAMA.
+use. `use_libllama` (and `use_cpu_variant`) must be called before that: a run's engine does it once
+(runtime/engine.py EngineChoice.apply), in the driver and in every worker it starts, from the value the
+worker is given. Only a process that was told nothing (the health probe's, which gets it in its
+environment: runtime/health.py) reads SPEC_REPLAY_LIBLLAMA and SPEC_REPLAY_CPU_VARIANT.
 """
 from __future__ import annotations
 
@@ -223,17 +225,20 @@ _loaded_variant: str | None = None  # the CPU variant in use (None: a build with
 _loaded_health: "_health.Health | None" = None  # its verdict on this host (runtime/health.py)
 
 
+_UNSET = object()
+_want_lib: "Path | None | object" = _UNSET  # the libllama to load, as given (None: the binding's own)
+_want_variant: "str | None | object" = _UNSET  # the CPU variant to load (None: the best that runs here)
+
+
 def use_cpu_variant(name: str | None) -> None:
-    """Load this CPU variant of a release-style libllama (runtime/variants.py) when the binding loads,
-    here and in worker processes; None: the best one that runs on this host (by its CPU flags, as
-    llama-server picks, then by the health verdicts: runtime/health.py)."""
+    """Load this CPU variant of a release-style libllama (runtime/variants.py) when the binding loads;
+    None: the best one that runs on this host (by its CPU flags, as llama-server picks, then by the
+    health verdicts: runtime/health.py)."""
+    global _want_variant
     if _loaded is not None and name is not None and name != _loaded_variant:
         raise BindingError(f"the {_loaded_variant or 'linked-in'} CPU kernels are already loaded in this process; "
                            f"cannot switch to {name}")
-    if name is None:
-        os.environ.pop(VARIANT_ENV, None)
-    else:
-        os.environ[VARIANT_ENV] = name
+    _want_variant = name
 
 
 def variant_in_process() -> tuple[bool, str | None]:
@@ -247,22 +252,37 @@ def loaded_variant() -> str | None:
     return _loaded_variant
 
 
-def use_libllama(choice: LibChoice, *, strict: bool = True) -> bool:
-    """Evaluate with `choice` from now on (and in worker processes, through the environment). It must
-    come before libllama is loaded: once one is, another cannot be (a process holds one ggml). Then
-    `strict` raises, else the loaded one stays and False is returned."""
+def keeps(choice: LibChoice, *, strict: bool = True) -> bool:
+    """Whether `choice` would leave another libllama, already loaded in this process, in place (a process
+    holds one ggml); with `strict` that is a BindingError instead. False when nothing is loaded yet or
+    the loaded one is the choice."""
     want = None if choice.path is None else Path(choice.path).resolve()
-    if _loaded is not None:
-        if want != _loaded_path and strict:
-            have = _loaded_path or "llama-cpp-python's own libllama"
-            raise BindingError(f"libllama is already loaded from {have}; cannot switch to {want or 'the binding'}'s "
-                               "in the same process")
-        return want == _loaded_path
-    if want is None:
-        os.environ.pop(ENV, None)
-    else:  # as given, not resolved: the CPU variants looked for are those of the directory given
-        os.environ[ENV] = str(Path(choice.path).absolute())
+    if _loaded is None or want == _loaded_path:
+        return False
+    if strict:
+        have = _loaded_path or "llama-cpp-python's own libllama"
+        raise BindingError(f"libllama is already loaded from {have}; cannot switch to {want or 'the binding'}'s "
+                           "in the same process")
     return True
+
+
+def use_libllama(choice: LibChoice, *, strict: bool = True) -> bool:
+    """Evaluate with `choice` from now on. It must come before libllama is loaded: once one is, another
+    cannot be (a process holds one ggml). Then `strict` raises, else the loaded one stays and False is
+    returned."""
+    global _want_lib
+    if keeps(choice, strict=strict):
+        return False
+    if _loaded is None:  # as given, not resolved: the CPU variants looked for are those of the directory given
+        _want_lib = None if choice.path is None else Path(choice.path).absolute()
+    return True
+
+
+def chosen_dir() -> Path | None:
+    """The directory of the libllama this process loads (or loaded), as given; None: the binding's own."""
+    want = _want_lib if _want_lib is not _UNSET else os.environ.get(ENV) or None
+    lib = library_file(Path(want)) if want else None
+    return lib.parent if lib else None
 
 
 def loaded_path() -> Path | None:
@@ -278,13 +298,15 @@ def library_in_use() -> str:
 
 
 def load() -> types.ModuleType:
-    """Import llama_cpp over the chosen libllama (SPEC_REPLAY_LIBLLAMA, else the binding's own), with
-    the chosen CPU variant (SPEC_REPLAY_CPU_VARIANT, else the best that runs here), once the library
-    and variant are known to run on this host (runtime/health.py: probed in a subprocess first)."""
+    """Import llama_cpp over the chosen libllama (use_libllama, else the binding's own), with the chosen
+    CPU variant (use_cpu_variant, else the best that runs here), once the library and variant are known
+    to run on this host (runtime/health.py: probed in a subprocess first)."""
     global _loaded, _loaded_path, _loaded_variant, _loaded_health
     if _loaded is not None:
         return _loaded
-    want = os.environ.get(ENV)
+    # what this process was told (use_libllama), else what its environment says (the health probe's child)
+    want = _want_lib if _want_lib is not _UNSET else os.environ.get(ENV) or None
+    variant = _want_variant if _want_variant is not _UNSET else os.environ.get(VARIANT_ENV) or None
     if not want:
         _loaded_health = _require_runs(bundled_dir(), None, bundled=True)
         # its own: not a library a parent process (or the user's shell) pointed the binding at
@@ -294,8 +316,8 @@ def load() -> types.ModuleType:
         return llama_cpp
     lib = library_file(Path(want))
     if lib is None:
-        raise BindingError(f"{ENV}={want}: no libllama.so there")
-    name = _cpu_variant_to_load(lib.parent, os.environ.get(VARIANT_ENV) or None)
+        raise BindingError(f"{want}: no libllama.so there")
+    name = _cpu_variant_to_load(lib.parent, variant)
     _loaded_health = _require_runs(lib.parent, name)
     os.environ["LLAMA_CPP_LIB_PATH"] = str(lib.parent)
     absent_names: list[str] = []

@@ -1,6 +1,6 @@
 """A model's kernel signature: the hash of every logit it computes over batches of the shapes a
 replay decodes, so that two CPU variants (or repack on and off) that compute this model bit for bit
-alike are known to, and one probe of a transcript stands for both (commands/probe.py).
+alike are known to, and one probe of a transcript stands for both (run/kernels/processes.py).
 
 Which kernel a ggml CPU backend runs for a matrix product depends on the weights' type, the variant's
 instruction set, the buffer the weights sit in (repacked, AMX) and the batch's row count (the repack

@@ -1,5 +1,7 @@
 """The driver's side of a sharded run: units out to evaluators, results back in file order.
 
+(journaled.py is recover's run over a JSONL through its journal, on top of this.)
+
 Whatever order records finish in, the journal receives them in file order (transcripts/journal.py:
 the next record's line goes to OUT.partial, one that finishes early is kept in OUT.partial.ahead until
 its turn), so the output is the same bytes as one process's and an interrupted run resumes with any
@@ -9,7 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from replay.scale.worker import Done, Evaluator, Job
+from replay.run.task import Done
+from replay.scale.worker import Evaluator, Job
 from replay.transcripts.chains import Unit
 from replay.transcripts.journal import Journal
 
@@ -55,16 +58,19 @@ def run_in_process(job: Job, units: Sequence[Unit], on_event: Callable[[str, obj
 
 
 def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address: str | None = None,
-              on_done: Callable[[Done], bool], on_note: Callable[[str], None] | None = None) -> None:
-    """Recover `units` in this process, on `workers` local processes, or on Ray (`ray_address`);
-    `on_done(done)` for every finished record, in the order they finish; it returns False to stop
-    the run (a record that could not be repaired). Errors: the failing record's SpecReplayError,
+              on_done: Callable[[Done], bool | None], on_note: Callable[[str], None] | None = None,
+              on_progress: Callable[[int], None] | None = None) -> None:
+    """Run `units` in this process, on `workers` local processes, or on Ray (`ray_address`);
+    `on_done(done)` for every finished item, in the order they finish; it returns False to stop
+    the run (a record that could not be repaired). Errors: the failing item's SpecReplayError,
     errors.WorkerDied."""
     def on_event(kind: str, what) -> None:
         if kind == "done" and on_done(what) is False:
             raise Stop()
         elif kind == "note" and on_note is not None:
             on_note(what)
+        elif kind == "progress" and on_progress is not None:
+            on_progress(what)
 
     try:
         if ray_address is not None:

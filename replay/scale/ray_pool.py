@@ -23,7 +23,9 @@ from typing import Callable, Sequence
 
 from replay.errors import SpecReplayError, WorkerDied
 from replay.paths import sha256_file
-from replay.scale.worker import Done, Evaluator, Job
+from replay.run.engine import for_workers
+from replay.run.task import Done
+from replay.scale.worker import Evaluator, Job
 from replay.transcripts.chains import Unit
 
 RETRIES = 3
@@ -66,7 +68,7 @@ class RayEvaluator:
         (the name the transcript's is compared with: reading/identity.py); returns its path here."""
         d = Path(tempfile.gettempdir()) / "spec-replay-models" / sha
         d.mkdir(parents=True, exist_ok=True)
-        p = d / Path(self.job.model).name
+        p = d / Path(self.job.inputs.model).name
         if not p.is_file():
             tmp = p.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(data)
@@ -74,7 +76,7 @@ class RayEvaluator:
         return str(p)
 
     def load(self, model: str) -> int:
-        self.ev = Evaluator(replace(self.job, model=model))
+        self.ev = Evaluator(self.job.on_node(model))
         return os.getpid()
 
     def forget(self) -> None:
@@ -100,7 +102,8 @@ def run_ray(job: Job, units: Sequence[Unit], workers: int, address: str,
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise SpecReplayError(f"cannot reach the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
     try:
-        _Scheduler(ray, replace(job, threads=job.threads or 1), units, on_event).run(workers)
+        one = replace(job, engine=for_workers(job.engine, job.engine.flags(job.task.flags).get("threads") or 1))
+        _Scheduler(ray, one, units, on_event).run(workers)
     finally:
         ray.shutdown()
 
@@ -122,7 +125,7 @@ class _Scheduler:
 
     def __init__(self, ray, job: Job, units: Sequence[Unit], on_event: Callable[[str, object], None]):
         self.ray, self.job, self.on_event = ray, job, on_event
-        self.Actor = ray.remote(num_cpus=job.threads, max_restarts=0, max_task_retries=0)(RayEvaluator)
+        self.Actor = ray.remote(num_cpus=job.engine.threads, max_restarts=0, max_task_retries=0)(RayEvaluator)
         self.units = dict(enumerate(units))
         self.todo = list(self.units)
         self.running: dict[object, _Call] = {}
@@ -146,11 +149,11 @@ class _Scheduler:
         ray, job = self.ray, self.job
         try:
             a = self.Actor.remote(job)
-            model = job.model
-            if not ray.get(a.has.remote(job.model, os.path.getsize(job.model))):
+            model = job.inputs.model
+            if not ray.get(a.has.remote(model, os.path.getsize(model))):
                 if "ref" not in self.shipped:
-                    self.shipped["sha"] = sha256_file(Path(job.model))
-                    self.shipped["ref"] = ray.put(Path(job.model).read_bytes())
+                    self.shipped["sha"] = sha256_file(Path(model))
+                    self.shipped["ref"] = ray.put(Path(model).read_bytes())
                 model = ray.get(a.receive_model.remote(self.shipped["ref"], self.shipped["sha"]))
             ray.get(a.load.remote(model))
             return a
@@ -202,11 +205,10 @@ class _Scheduler:
         key = call.unit
         self.tries[key] = self.tries.get(key, 0) + 1
         if self.tries[key] > RETRIES:
-            raise WorkerDied(f"Ray actors died {self.tries[key]} times on {self.job.source}, "
-                             f"record {call.record + 1}") from None
+            raise WorkerDied(f"Ray actors died {self.tries[key]} times on {self.job.item_name(call.record)}") from None
         unit = self.units[key]
         self.units[key] = Unit(unit.records, unit.finished | frozenset(self.delivered.get(key, ())))
-        self.on_event("note", f"a Ray actor died while recovering {self.job.source}, record {call.record + 1}; its "
+        self.on_event("note", f"a Ray actor died while recovering {self.job.item_name(call.record)}; its "
                               f"unit ({len(self.units[key].work)} record(s) left) is retried on a new actor")
         if self.units[key].work:
             self.todo.insert(0, key)

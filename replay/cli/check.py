@@ -9,7 +9,7 @@ import click
 from tabulate import tabulate
 
 from replay.cli import main
-from replay.cli.options import given_flags, json_option, libllama_option, server_flags, verbose_option
+from replay.cli.options import every_server_flag, given_flags, json_option, libllama_option, server_flags, verbose_option
 from replay.errors import Exit, KernelsError, ServerError
 from replay.report import schema as report_json
 from replay.settings import BY_ATTR
@@ -22,6 +22,7 @@ def _token_rows(tokens: list[dict]) -> str:
 
 
 @main.command()
+@every_server_flag("check")
 @click.argument("url")
 @json_option("the audit")
 @click.option(*BY_ATTR["n_predict"].names, "probe_tokens", type=click.IntRange(min=1), default=48, show_default=True,
@@ -53,8 +54,8 @@ def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str 
     spec-replay check http://127.0.0.1:8080 --spec-type ngram-mod
     spec-replay check http://127.0.0.1:8080 --json | jq .verdict
     """
-    from replay.commands.audit import PROBE_PROMPT
-    from replay.commands.audit import check as run_check
+    from replay.commands.check import PROBE_PROMPT
+    from replay.commands.check import check as run_check
     res = run_check(url, n_predict=probe_tokens, n_probs=n_probs, prompt=prompt or PROBE_PROMPT,
                     expected=given_flags(flags))
     _unreachable(res, as_json)
@@ -96,32 +97,36 @@ def _unreachable(res, as_json: bool) -> None:
         raise ServerError(f"cannot tell: {res.verdict}")
 
 
+def _probe_say(quiet: bool):
+    """check's probe says its kernel lines (unless quiet) and warnings, not which libllama it replays on
+    (the audit is about the server)."""
+    def say(line: str, warning: bool = False) -> None:
+        if warning or not (quiet or line.startswith(("libllama:", "hint:"))):
+            click.echo(line, err=True)
+    return say
+
+
 def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_probs: int, quiet: bool) -> dict:
     """Which CPU variant computes the server's values: one single-token request recorded as a
-    transcript, its first entry probed under every variant this host runs (cli/kernels.py)."""
-    from replay.cli.kernels import choose_kernels
-    from replay.cli.options import choose_libllama
+    transcript, its first entry probed under every variant this host runs (run/engine.py)."""
     from replay.commands.record import make_item, record_one
-    from replay.commands.recover import RecoverOptions
     from replay.errors import SpecReplayError
-    from replay.transcripts.readers import read_text
+    from replay.run.engine import choose_engine
+    from replay.run.inputs import Inputs
     body = {"prompt": prompt, "n_predict": 2, "n_probs": max(1, n_probs), "temperature": 0.0, "seed": 1,
             "cache_prompt": False}
     try:
         text = json.dumps(record_one(url, make_item(body, "/completion", "check"), {}))
-        records = read_text(text, "<check probe>")
-        choose_libllama(libllama, None, None, records, quiet=True)
-        choice = choose_kernels(records, text=text, source="<check probe>", request=None,
-                                model=str(Path(model).resolve()), flags={}, options=RecoverOptions(),
-                                server_cpu=None, quiet=quiet)
+        inputs = Inputs(text, "<check probe>", None, str(Path(model).resolve()))
+        engine = choose_engine(inputs, flags={}, libllama=libllama, say=_probe_say(quiet))
     except KernelsError as e:
         return {"variant": None, "how": "none", "description": str(e)}
     except SpecReplayError as e:
         return {"variant": None, "how": "error", "description": f"cannot tell: {e}"}
-    if choice is None:
+    if engine.kernels is None:
         return {"variant": None, "how": "none", "description": "cannot tell: the libllama here links one CPU backend "
                 "in; `spec-replay build --build bN` builds every CPU variant of the server's build"}
-    return choice.to_json()
+    return engine.kernels.to_json()
 
 
 @main.command()
@@ -149,7 +154,7 @@ def demo(model: Path | None, draft: Path | None, prompt: str, n_predict: int, n_
     spec-replay demo -m target.gguf -md draft.gguf --prompt "Once upon a time"
     spec-replay demo --json | jq .verdict
     """
-    from replay.commands.audit import check as run_check
+    from replay.commands.check import check as run_check
     from replay.llamacpp.build import ensure_built
     from replay.llamacpp.models import tiny_draft, tiny_target
     from replay.llamacpp.process import LlamaServer, ServerConfig

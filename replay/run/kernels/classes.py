@@ -1,7 +1,7 @@
 """Which candidate kernels compute a model bit for bit alike on this host (pure, but for the keys).
 
 A transcript's kernels are found by evaluating its first real entry under every candidate (a CPU
-variant, with or without extra buffer types: commands/probe.py). Most candidates fall into a few
+variant, with or without extra buffer types: processes.py). Most candidates fall into a few
 classes that compute a given model identically; once those are known, a new transcript of the model
 needs one probe per class. Classes are learnt from the probes themselves:
 
@@ -22,30 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from replay.run.kernels.types import Candidate, Witnessed
+
 # the context settings that choose kernels, by attr (runtime/signature.py)
 SIGNATURE_CONTEXT = ("n_batch", "n_ubatch", "flash_attn", "cache_type_k", "cache_type_v", "swa_full")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """Kernels a transcript may have been computed with: a CPU variant, with or without extra buffer
-    types (llama-server's --no-repack)."""
-
-    variant: str
-    repack: bool = True
-
-    @property
-    def label(self) -> str:
-        """As reports name it.
-
-        >>> Candidate("zen4").label, Candidate("zen4", False).label
-        ('zen4', 'zen4 --no-repack')
-        """
-        return self.variant if self.repack else f"{self.variant} --no-repack"
 
 
 def file_id(path: Path) -> list:
@@ -91,26 +74,6 @@ def classes(candidates: Sequence[Candidate], signature: Callable[[Candidate], st
             return None
         groups.setdefault(sig, []).append(c)
     return list(groups.values())
-
-
-@dataclass(frozen=True)
-class Witnessed:
-    """What one candidate computed on the witnesses: the record, its own first-entry values and
-    one-token decode values (None: not evaluated), and whether it is its variant's repack twin by
-    construction (`twin_of`: the label of the candidate it computes exactly as)."""
-
-    candidate: Candidate
-    record: int | None
-    values: tuple[float, ...] | None
-    decode: tuple[float, ...] | None
-    twin_of: str | None = None
-
-    def fingerprint(self) -> str | None:
-        if self.values is None:
-            return None
-        blob = json.dumps([self.record, [float(v).hex() for v in self.values],
-                           [float(v).hex() for v in self.decode or ()]])
-        return "witness:" + hashlib.sha256(blob.encode()).hexdigest()
 
 
 def undecided(seen: Iterable[Witnessed]) -> list[list[Candidate]]:

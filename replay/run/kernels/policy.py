@@ -1,9 +1,9 @@
 """Choosing the CPU kernels a run replays on (`--server-cpu`, or probed from the transcript).
 
-It runs after the libllama is chosen (cli/options.py: choose_libllama) and before anything loads it,
-says on stderr which variant and why, and returns the choice for the report. A libllama that links
-one ggml-cpu in (a native build, llama-cpp-python's own) has one set of kernels: nothing is chosen,
-and the first entry's strict comparison stays the judge.
+It runs once the libllama is chosen (run/engine.py) and before anything loads it, says which variant
+and why (through the caller's `say`), and returns the choice for the engine and the report. A libllama
+that links one ggml-cpu in (a native build, llama-cpp-python's own) has one set of kernels: nothing is
+chosen, and the first entry's strict comparison stays the judge.
 
 The candidates are the variants this CPU runs by its flags that also run on this host
 (runtime/health.py: a variant whose kernels crash here is never one, and is named), each with extra
@@ -12,40 +12,27 @@ transcript's recorded server flags leave open.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-import click
-
-from replay.commands.kernel_choice import EXACT, KernelChoice, choose_variant, records_named
-from replay.commands.kernel_classes import SIGNATURE_CONTEXT, Candidate
-from replay.commands.probe import Probe, default_cache, probe_variants, witnesses
-from replay.errors import KernelsError, TranscriptError
+from replay.commands.recover import RecoverOptions
+from replay.errors import KernelsError, TranscriptError, UsageError
+from replay.run.inputs import Inputs
+from replay.run.kernels.cache import default_cache
+from replay.run.kernels.choice import EXACT, choose_variant, records_named, witnesses
+from replay.run.kernels.classes import SIGNATURE_CONTEXT
+from replay.run.kernels.processes import probe_variants
+from replay.run.kernels.types import Candidate, Probe, ProbeJob
 from replay.runtime import binding, health
+from replay.runtime.engine import KernelChoice
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
 from replay.transcripts.concurrency import shared_evidence
 from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record
 
-
-def server_cpu_option(fn: Callable) -> Callable:
-    return click.option(
-        "--server-cpu", "server_cpu", metavar="VARIANT",
-        help="the CPU variant the server computed with (x64, sse42, sandybridge, ivybridge, piledriver, haswell, "
-             "skylakex, icelake, zen4, ...: the libggml-cpu-<variant>.so a release build loaded), instead of "
-             "finding it from the transcript's first real entry; needs a release-style libllama "
-             "(spec-replay build, the default --cpu variants)")(fn)
-
-
-def _library_dir() -> Path | None:
-    want = os.environ.get(binding.ENV)
-    if not want:
-        return None
-    lib = binding.library_file(Path(want))
-    return lib.parent if lib else None
+Say = Callable[[str], None]  # one line of what the choice is doing (stderr on the command line)
 
 
 def recorded_repack(records: list[Record]) -> bool | None:
@@ -74,52 +61,57 @@ def repack_modes(flags: dict, records: list[Record]) -> tuple[list[bool], str]:
     return [True, False], "probed"
 
 
-def _verdicts(bin_dir: Path, names: list[str], quiet: bool) -> dict[str, health.Health]:
+@dataclass(frozen=True)
+class Kernels:
+    """What the policy chose: the kernels (None: the library has one CPU backend linked in) and the
+    repack to load with (None: not chosen, the flags' own)."""
+
+    choice: KernelChoice | None
+    repack: bool | None
+
+
+def _verdicts(bin_dir: Path, names: list[str], say: Say) -> dict[str, health.Health]:
     unknown = [n for n in names if health.health(bin_dir, n, probe=False) is None]
-    if unknown and not quiet:
-        click.echo(f"kernels: checking which CPU variants run on this host ({', '.join(unknown)}), once", err=True)
+    if unknown:
+        say(f"kernels: checking which CPU variants run on this host ({', '.join(unknown)}), once")
     return health.verdicts(bin_dir, names)
 
 
-def choose_kernels(records: list[Record], *, text: str, source: str, request: dict | None, model: str,
-                   flags: dict, options, server_cpu: str | None, quiet: bool = False) -> KernelChoice | None:
-    """The CPU variant (and repack) to replay on, made the one the binding loads (here and in workers),
-    with flags["no_repack"] set to the choice; None when the chosen libllama has no variants. Probing
+def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options: RecoverOptions,
+                   server_cpu: str | None, say: Say) -> Kernels:
+    """The CPU variant (and repack) to replay on from the release-style libllama in `lib_dir`. Probing
     evaluates the first real entry under each candidate and keeps the exact one, told apart from
-    others equal to it by their one-token decodes (commands/kernel_choice.py). A transcript that shows
-    batches shared with other requests (several slots, --shared-batches) is probed on several records'
-    first entries; with none exact its kernels are "unknown" and the best candidate is used. Otherwise
-    nothing exact is a KernelsError, unless --server-backend allows the nearest."""
-    bin_dir = _library_dir()
-    present = variants_in(bin_dir) if bin_dir else []
+    others equal to it by their one-token decodes (choice.py). A transcript that shows batches shared
+    with other requests (several slots, --shared-batches) is probed on several records' first entries;
+    with none exact its kernels are "unknown" and the best candidate is used. Otherwise nothing exact is
+    a KernelsError, unless --server-backend allows the nearest."""
+    records = inputs.records
+    present = variants_in(lib_dir) if lib_dir else []
     modes, modes_from = repack_modes(flags, records)
     if not present:
         if server_cpu:
-            raise click.UsageError(f"--server-cpu {server_cpu}: the libllama in use ({bin_dir or 'llama-cpp-python own'}) "
-                                   "links one CPU backend in; build a release-style one (spec-replay build) or give "
-                                   "--libllama a build with libggml-cpu-<variant>.so beside it")
-        if len(modes) == 1:
-            flags["no_repack"] = not modes[0]
-        return None
+            raise UsageError(f"--server-cpu {server_cpu}: the libllama in use ({lib_dir or 'llama-cpp-python own'}) "
+                             "links one CPU backend in; build a release-style one (spec-replay build) or give "
+                             "--libllama a build with libggml-cpu-<variant>.so beside it")
+        return Kernels(None, modes[0] if len(modes) == 1 else None)
     if server_cpu is not None and server_cpu not in VARIANTS and server_cpu not in present:
-        raise click.UsageError(f"--server-cpu {server_cpu}: not a CPU variant ({', '.join(VARIANTS)})")
+        raise UsageError(f"--server-cpu {server_cpu}: not a CPU variant ({', '.join(VARIANTS)})")
     loaded, have = binding.variant_in_process()
     if loaded:  # in-process reuse (tests, notebooks): what is loaded stays
         if server_cpu and server_cpu != have:
             raise KernelsError(f"--server-cpu {server_cpu}: this process already computes with the {have} kernels")
-        return KernelChoice(have, "default", why="already loaded in this process")
+        return Kernels(KernelChoice(have, "default", why="already loaded in this process"), None)
     can = runnable(present, host_cpu_flags())
     beyond = [n for n in present if n not in can]
-    verdicts = _verdicts(bin_dir, can, quiet)
+    verdicts = _verdicts(lib_dir, can, say)
     crashes = tuple(verdicts[v].describe() for v in can if not all(verdicts[v].runs(m) for m in modes))
     # llama.cpp's default (extra buffer types) first, each mode's variants best first
     candidates = [Candidate(v, m) for m in modes for v in can if verdicts[v].runs(m)]
-    if crashes and not quiet:
-        for line in crashes:
-            click.echo(f"kernels: {line}: not a candidate", err=True)
+    for line in crashes:
+        say(f"kernels: {line}: not a candidate")
     if server_cpu:
         if server_cpu not in present:
-            raise KernelsError(f"--server-cpu {server_cpu}: {bin_dir} has no libggml-cpu-{server_cpu}.so")
+            raise KernelsError(f"--server-cpu {server_cpu}: {lib_dir} has no libggml-cpu-{server_cpu}.so")
         if server_cpu not in can:
             raise KernelsError(f"--server-cpu {server_cpu}: this CPU cannot run it (it runs {', '.join(can) or 'none'}); "
                                "recover on a machine that can, or give --server-backend to recover at stated "
@@ -134,43 +126,36 @@ def choose_kernels(records: list[Record], *, text: str, source: str, request: di
         if modes_from == "probed":
             modes_from = "default"
     elif not candidates:
-        raise KernelsError(f"none of the CPU variants in {bin_dir} runs on this host: " + "; ".join(crashes))
+        raise KernelsError(f"none of the CPU variants in {lib_dir} runs on this host: " + "; ".join(crashes))
     else:
-        choice = _probed(records, candidates, text=text, source=source, request=request, model=model, flags=flags,
-                         options=options, bin_dir=bin_dir, beyond=beyond, crashes=crashes, quiet=quiet)
-    binding.use_cpu_variant(choice.variant)
-    flags["no_repack"] = not choice.repack
-    if not quiet:
-        click.echo(f"kernels: {choice.describe()}" + (f" (repack: {modes_from})" if modes_from != "probed" else ""),
-                   err=True)
-    return choice
+        choice = _probed(ProbeJob(inputs, flags, options, lib_dir), candidates, beyond=beyond, crashes=crashes,
+                         say=say)
+    say(f"kernels: {choice.describe()}" + (f" (repack: {modes_from})" if modes_from != "probed" else ""))
+    return Kernels(choice, choice.repack)
 
 
-def _probed(records: list[Record], candidates: list[Candidate], *, text: str, source: str, request: dict | None,
-            model: str, flags: dict, options, bin_dir: Path, beyond: list[str], crashes: tuple[str, ...],
-            quiet: bool) -> KernelChoice:
-    """The candidate whose evaluation of the witnesses' first entries is the server's (kernel_choice)."""
-    evidence = shared_evidence(records, flags.get("n_parallel"), options.shared_batches)
+def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], crashes: tuple[str, ...],
+            say: Say) -> KernelChoice:
+    """The candidate whose evaluation of the witnesses' first entries is the server's (choice.py)."""
+    records, options = job.inputs.records, job.options
+    evidence = shared_evidence(records, job.flags.get("n_parallel"), options.shared_batches)
     shared = next(iter(evidence.values()), None)
     ks = witnesses(records, shared=shared is not None)
     best = candidates[0]
     if not ks:
         return KernelChoice(best.variant, "default", why="no record carries a real first entry to tell the kernels by",
                             repack=best.repack, crashes=crashes)
-    if not quiet:
-        click.echo(f"kernels: evaluating the first entry of {records_named(ks)} under each candidate this host runs "
-                   f"({', '.join(c.label for c in candidates)})", err=True)
+    say(f"kernels: evaluating the first entry of {records_named(ks)} under each candidate this host runs "
+        f"({', '.join(c.label for c in candidates)})")
 
     def said(label: str, p: Probe) -> None:
-        if not quiet:
-            also = f"; stands for {', '.join(p.same)}" if p.same else ""
-            click.echo(f"  {label:<24} " + (f"{p.diff:.3g} nats off (record {p.record + 1}){also}" if p.diff is not None
-                                            else f"error: {p.error}"), err=True)
+        also = f"; stands for {', '.join(p.same)}" if p.same else ""
+        say(f"  {label:<24} " + (f"{p.diff:.3g} nats off (record {p.record + 1}){also}" if p.diff is not None
+                                 else f"error: {p.error}"))
     rec = records[ks[0]]
-    ctx = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
-    probes = probe_variants(candidates, text=text, source=source, request=request, indices=ks, model=model,
-                            flags=flags, options=options, libllama=bin_dir, progress=said, until_exact=EXACT,
-                            cache=default_cache(), context={a: getattr(ctx, a) for a in SIGNATURE_CONTEXT})
+    ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
+    probes = probe_variants(candidates, job, ks, progress=said, until_exact=EXACT, cache=default_cache(),
+                            context={a: getattr(ctx, a) for a in SIGNATURE_CONTEXT})
     try:
         choice = choose_variant(probes, shared=shared, not_runnable=beyond, witnesses=ks, tolerance=options.tolerance,
                                 allow_nearest="--server-backend" if options.server_backend else None,

@@ -9,68 +9,22 @@ build with other flags, a variant beyond this CPU): that is refused in one line 
 so (`--server-backend`): then the nearest variant is used and the report names it and its distance.
 A transcript that shows batches shared with other requests (several slots) is probed on several
 records' first entries, since one computed alone is exact on the server's kernels; if none is, the
-sharing itself may have moved them (measured: commands/probe.py, witnesses) and the kernels are "unknown": the replay runs on
+sharing itself may have moved them (measured: `witnesses` below) and the kernels are "unknown": the replay runs on
 the host's best and the report says so.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
-from replay.commands.probe import Probe
 from replay.errors import KernelsError
+from replay.run.kernels.types import Probe
+from replay.runtime.engine import KernelChoice
 from replay.runtime.variants import VARIANTS
+from replay.transcripts.entries import n_prompt_cached, record_entries
+from replay.transcripts.readers import Record
 
 EXACT = 1e-6  # nats: a float32 logprob printed by the server and recomputed by the same kernels agree to this
-
-
-@dataclass(frozen=True)
-class KernelChoice:
-    """The variant to replay on and how it was chosen: "matched" (exactly), "given" (--server-cpu),
-    "nearest" (none matched; allowed by `why`), "unknown" (none matched, and shared batches say the
-    first entries cannot tell: the host's best), "default" (nothing to probe: the host's best)."""
-
-    variant: str | None
-    how: str
-    diff: float | None = None
-    record: int | None = None  # the probed record (0-based)
-    equal: tuple[str, ...] = ()  # other candidates that matched as exactly (or compute this model alike)
-    why: str | None = None
-    diffs: tuple[tuple[str, float | None], ...] = ()
-    spread: float | None = None  # how far the equal variants' one-token decodes are apart, where not exact
-    repack: bool | None = None  # the model is loaded with extra buffer types (None: not chosen here)
-    crashes: tuple[str, ...] = ()  # the variants that crash on this host, as runtime/health.py says it
-
-    def describe(self) -> str:
-        """The report's line.
-
-        >>> KernelChoice("haswell", "matched", 0.0, 0, ("piledriver",)).describe()
-        'haswell (AVX2), matched on the first entry of record 1 (as exactly: piledriver)'
-        >>> KernelChoice("haswell", "nearest", 0.0193, 2, why="--server-backend").describe()
-        'haswell (AVX2), the nearest: 0.0193 nats off the first entry of record 3 (no variant here matches; --server-backend)'
-        """
-        name = VARIANTS[self.variant].label if self.variant in VARIANTS else str(self.variant)
-        if self.repack is False:
-            name += " --no-repack"
-        where = f"the first entry of record {self.record + 1}" if self.record is not None else "the first entry"
-        if self.how == "matched":
-            spread = f"; one-token decodes within {self.spread:.2g}" if self.spread else ""
-            return f"{name}, matched on {where}" + (f" (as exactly: {', '.join(self.equal)}{spread})" if self.equal
-                                                     else "")
-        if self.how == "given":
-            off = f"; {self.diff:.3g} nats off {where}" if self.diff is not None else ""
-            return f"{name}, given (--server-cpu){off}"
-        if self.how == "nearest":
-            return f"{name}, the nearest: {self.diff:.3g} nats off {where} (no variant here matches; {self.why})"
-        if self.how == "unknown":
-            return f"{name}, this host's best; the server's kernels are unknown ({self.why})"
-        return f"{name}, this host's best ({self.why})"
-
-    def to_json(self) -> dict:
-        return {"variant": self.variant, "how": self.how, "diff": self.diff, "record": self.record,
-                "equal": list(self.equal), "decode_spread": self.spread, "why": self.why,
-                "probes": {v: d for v, d in self.diffs}, "repack": self.repack, "crashes": list(self.crashes),
-                "description": self.describe()}
+WITNESSES = 8  # first entries probed per variant when batches may have been shared
 
 
 def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_nearest: str | None = None,
@@ -182,3 +136,26 @@ def records_named(ks: Sequence[int]) -> str:
     ('record 1', 'records 1, 3, 4')
     """
     return f"record {ks[0] + 1}" if len(ks) == 1 else "records " + ", ".join(str(k + 1) for k in ks)
+
+
+def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = WITNESSES) -> list[int]:
+    """The records whose first entries may identify the kernels, best first: those with a real first
+    entry (a logprob and alternatives, or a nonzero logprob) whose prompt the server evaluated in full,
+    then those served partly from its prompt cache (their prompt's KV was computed by an earlier request
+    that may not be in the file: a weaker witness); within each, those sent while the /slots snapshot
+    taken before them showed no slot busy first. One witness suffices on a server that decodes one
+    request at a time. `shared`: the transcript shows batches shared with other requests, which change
+    a first entry themselves (measured: 0.03 to 0.24 nats on SmolLM2 Q4_1 from a 4-slot server under
+    concurrent requests, enough to make another variant the nearest); then up to `limit`, in the hope
+    that one was computed alone.
+
+    >>> witnesses([])
+    []
+    """
+    keys = []
+    for k, rec in enumerate(records):
+        entries = record_entries(rec)
+        if entries and (entries[0].top or entries[0].logprob != 0.0):
+            busy = any(isinstance(s, dict) and s.get("is_processing") for s in (rec.snapshot_slots or []))
+            keys.append((bool(n_prompt_cached(rec.final())), busy, k))
+    return [k for *_, k in sorted(keys)][:limit if shared else 1]

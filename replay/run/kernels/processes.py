@@ -7,123 +7,37 @@ under each variant of a release-style libllama tells which kernels computed it: 
 the variants fall into a few classes whose values differ by 1e-3 to 0.1 nats, and the server's class
 reproduces the entry to the last bit.
 
-A process holds one ggml, so each variant is evaluated in a fresh (spawned) worker process with the
-variant named in its environment (runtime/binding.py: use_cpu_variant); the worker recovers only the
-prompt and the first 1 + DECODES tokens (RecoverOptions.only_entries): the first to compare with the
-server's, the others, each computed in a one-token decode, as the variant's decode signature (Probe). What travels is the transcript text
-and the record's position, as for `recover --workers` (scale/worker.py).
+A process holds one ggml, so each variant is evaluated in a fresh process that is told its library and
+variant when it starts (runtime/binding.py: use_libllama, use_cpu_variant); it recovers only the prompt
+and the first 1 + DECODES tokens (RecoverOptions.only_entries): the first to compare with the server's,
+the others, each computed in a one-token decode, as the variant's decode signature (Probe). What travels
+is one ProbeJob (the run's inputs as their text, the flags, the options, the library) and the witnesses'
+positions, as for `recover --workers` (scale/worker.py).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
-import json
 import multiprocessing as mp
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from replay.commands.kernel_classes import (
-    Candidate,
-    Witnessed,
-    classes,
-    file_id,
-    learnt,
-    lib_files,
-    representatives,
-    signature_key,
-    undecided,
-)
 from replay.errors import SpecReplayError
-from replay.transcripts.entries import n_prompt_cached, record_entries
+from replay.run.kernels.cache import ProbeCache, probe_key
+from replay.run.kernels.classes import classes, learnt, representatives, signature_key, undecided
+from replay.run.kernels.types import DECODES, Candidate, Outcome, Probe, ProbeJob, Witnessed
 from replay.transcripts.readers import Record
-
-WITNESSES = 8  # first entries probed per variant when batches may have been shared
-DECODES = 16  # tokens after the first, decoded one at a time, that make a variant's decode signature
-# the recover options a witness's values depend on (commands/recover.py RecoverOptions): the loop
-# shape's build and source, the decode schedule
-PROBE_OPTIONS = ("build", "source")
-# flags that change no value ggml's CPU kernels compute (each output row is one thread's, summed in one
-# order: tests/test_workers.py, values do not depend on the thread count)
-THREAD_FLAGS = ("threads", "threads_batch")
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One variant's evaluation of the witnesses' first entries: `diff` is the smallest, over the
-    witnesses evaluated, of the largest |server - replay| over an entry's logprob and its alternatives
-    (nats), and `record` the witness it came from; None with `error` when none could be evaluated."""
-
-    variant: str
-    diff: float | None
-    error: str | None = None
-    record: int | None = None
-    # the replay's own values (logprob, then its alternatives', token by token) of that record's next
-    # DECODES tokens, each computed in a one-token decode: variants equal on a prompt batch may decode
-    # differently (measured: sse42 and x64 equal on long prompts' first entries, then 0.05 to 0.6 nats
-    # apart from the second, third or fourth token on)
-    decode: tuple[float, ...] | None = None
-    repack: bool = True  # with extra buffer types (llama.cpp's default) or without (--no-repack)
-    # the other candidates whose kernel signature (runtime/signature.py) is this one's: they compute this
-    # model bit for bit alike, so this probe stands for them
-    same: tuple[str, ...] = ()
-
-    @property
-    def label(self) -> str:
-        """The candidate as reports name it.
-
-        >>> Probe("zen4", 0.0).label, Probe("zen4", 0.0, repack=False).label
-        ('zen4', 'zen4 --no-repack')
-        """
-        return self.variant if self.repack else f"{self.variant} --no-repack"
-
-
-def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = WITNESSES) -> list[int]:
-    """The records whose first entries may identify the kernels, best first: those with a real first
-    entry (a logprob and alternatives, or a nonzero logprob) whose prompt the server evaluated in full,
-    then those served partly from its prompt cache (their prompt's KV was computed by an earlier request
-    that may not be in the file: a weaker witness); within each, those sent while the /slots snapshot
-    taken before them showed no slot busy first. One witness suffices on a server that decodes one
-    request at a time. `shared`: the transcript shows batches shared with other requests, which change
-    a first entry themselves (measured: 0.03 to 0.24 nats on SmolLM2 Q4_1 from a 4-slot server under
-    concurrent requests, enough to make another variant the nearest); then up to `limit`, in the hope
-    that one was computed alone.
-
-    >>> witnesses([])
-    []
-    """
-    keys = []
-    for k, rec in enumerate(records):
-        entries = record_entries(rec)
-        if entries and (entries[0].top or entries[0].logprob != 0.0):
-            busy = any(isinstance(s, dict) and s.get("is_processing") for s in (rec.snapshot_slots or []))
-            keys.append((bool(n_prompt_cached(rec.final())), busy, k))
-    return [k for *_, k in sorted(keys)][:limit if shared else 1]
 
 
 def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover - runs in the child
+    """Tell the probe's own process its library and variant before anything loads one."""
     from replay.runtime import binding
-    if libllama:
-        os.environ[binding.ENV] = libllama
-    os.environ[binding.VARIANT_ENV] = variant
+    binding.use_libllama(binding.LibChoice(Path(libllama) if libllama else None, "the probe's"))
+    binding.use_cpu_variant(variant)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One witness evaluated by one candidate in a probe's process (what travels back)."""
-
-    record: int
-    repack: bool
-    diff: float | None = None  # the largest |server - replay| over the first entry's values
-    error: str | None = None
-    values: tuple[float, ...] | None = None  # the replay's own first-entry values (logprob, alternatives)
-    decode: tuple[float, ...] | None = None  # its next DECODES tokens' values, one-token decodes
-    twin: bool = False  # repack False computed as repack True: no weight took an extra buffer type
-
-
-def _child_probe(text: str, source: str, request: dict | None, indices: Sequence[int], model: str, flags: dict,
-                 options, variant: str, exact: float | None, repacks: Sequence[bool],
+def _child_probe(job: ProbeJob, indices: Sequence[int], variant: str, exact: float | None, repacks: Sequence[bool],
                  decodes: int = DECODES) -> list[Outcome]:  # pragma: no cover - in the child
     """Each of `repacks` in turn (True first: the model loaded with or without extra buffer types): the
     witnesses' first entries (and the `decodes` tokens after each), until one is within `exact`. Without
@@ -131,11 +45,10 @@ def _child_probe(text: str, source: str, request: dict | None, indices: Sequence
     twins (the same computation)."""
     from replay.commands.recover import Recoverer
     from replay.runtime.binding import loaded_variant
-    from replay.transcripts.readers import read_text
     try:
         if loaded_variant() != variant:
             return [Outcome(indices[0], r, error=f"loaded {loaded_variant()} instead of {variant}") for r in repacks]
-        records = read_text(text, source, request)
+        records = job.inputs.records
     except SpecReplayError as e:
         return [Outcome(indices[0], r, error=str(e)) for r in repacks]
     out: list[Outcome] = []
@@ -145,7 +58,8 @@ def _child_probe(text: str, source: str, request: dict | None, indices: Sequence
             out += [replace(o, repack=False, twin=True) for o in out if o.repack]
             continue
         try:
-            r = Recoverer(model, {**flags, "no_repack": not repack}, replace(options, only_entries=1 + decodes))
+            r = Recoverer(job.inputs.model, {**job.flags, "no_repack": not repack},
+                          replace(job.options, only_entries=1 + decodes))
         except SpecReplayError as e:
             out.append(Outcome(indices[0], repack, error=str(e)))
             continue
@@ -176,8 +90,8 @@ def _witness(r, rec: Record, k: int, repack: bool) -> Outcome:  # pragma: no cov
     return Outcome(k, repack, max(abs(a - b) for a, b in pairs), values=values, decode=decode)
 
 
-def _child_signatures(text: str, source: str, request: dict | None, index: int, model: str, flags: dict,
-                      variant: str, repacks: Sequence[bool]) -> list[tuple[bool, str | None]]:  # pragma: no cover
+def _child_signatures(job: ProbeJob, index: int, variant: str,
+                      repacks: Sequence[bool]) -> list[tuple[bool, str | None]]:  # pragma: no cover
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on
     the context record `index` is replayed with."""
     from replay.runtime.binding import loaded_variant
@@ -185,18 +99,17 @@ def _child_signatures(text: str, source: str, request: dict | None, index: int, 
     from replay.runtime.signature import kernel_signature
     from replay.settings import resolve
     from replay.settings.config import thread_count
-    from replay.transcripts.readers import read_text
     try:
         if loaded_variant() != variant:
             return [(r, None) for r in repacks]
-        rec = read_text(text, source, request)[index]
-        cfg = resolve("context", flags=flags, recorded=rec.flags, props=rec.props)
+        rec = job.inputs.records[index]
+        cfg = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
     except SpecReplayError:
         return [(r, None) for r in repacks]
     out: list[tuple[bool, str | None]] = []
     for repack in repacks:
         try:
-            with Model(model, **model_params({**flags, "no_repack": not repack})) as m:
+            with Model(job.inputs.model, **model_params({**job.flags, "no_repack": not repack})) as m:
                 out.append((repack, kernel_signature(m, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                                      flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
                                                      type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
@@ -206,80 +119,12 @@ def _child_signatures(text: str, source: str, request: dict | None, index: int, 
     return out
 
 
-def probe_key(*, text: str, request: dict | None, indices: Sequence[int], model: str | Path, flags: dict, options,
-              libllama: Path | None, variant: str, until_exact: float | None, repack: bool = True,
-              decodes: int = DECODES) -> str:
-    """What a probe's result depends on, hashed: the transcript's text and request, the witnesses, the
-    model file and the variant's library (by path, size and mtime), the flags, the options that change
-    what a witness evaluates to (PROBE_OPTIONS: not the tolerance, the output or the prefix reuse,
-    which is exact), the decode count and the repack. recover and trace, and a second run with other
-    output options, share their probes."""
-    parts = {"text": hashlib.sha256(text.encode()).hexdigest(), "request": request, "indices": list(indices),
-             "model": file_id(Path(model)),
-             "flags": {k: repr(v) for k, v in sorted(flags.items()) if k not in THREAD_FLAGS + ("no_repack",)},
-             "options": {f: repr(getattr(options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
-             "decodes": decodes, "lib": lib_files(libllama, variant), "variant": variant, "repack": repack}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-class ProbeCache:
-    """Probe results kept under the cache root (kernels/<key>.json): a transcript recovered or traced
-    again, unchanged, with the same model, library and options, is not probed again. A result that
-    is not whole (an error) is not kept. Beside them, each candidate's class (commands/kernel_classes.py,
-    kernels/class-<key>): another transcript of the same model probes one candidate of each class."""
-
-    def __init__(self, root: Path | None):
-        self.root = root
-
-    def get(self, key: str) -> Probe | None:
-        if self.root is None:
-            return None
-        try:
-            d = json.loads((self.root / f"{key}.json").read_text())
-            return Probe(d["variant"], d["diff"], d.get("error"), d.get("record"),
-                         tuple(d["decode"]) if d.get("decode") is not None else None, bool(d.get("repack", True)))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def put(self, key: str, probe: Probe) -> None:
-        if self.root is None or probe.diff is None:
-            return
-        self._write(f"{key}.json", json.dumps({**asdict(probe), "same": []}))
-
-    def klass(self, key: str) -> str | None:
-        if self.root is None:
-            return None
-        try:
-            return (self.root / f"class-{key}").read_text().strip() or None
-        except OSError:
-            return None
-
-    def put_class(self, key: str, sig: str) -> None:
-        if self.root is not None:
-            self._write(f"class-{key}", sig)
-
-    def _write(self, name: str, text: str) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.root / f".{name}.{os.getpid()}.tmp"
-            tmp.write_text(text)
-            os.replace(tmp, self.root / name)
-        except OSError:  # a read-only cache is no error: the probe is run again next time
-            pass
-
-
-def default_cache() -> ProbeCache:
-    """The probe cache under SPEC_REPLAY_CACHE (or ~/.cache/spec-replay); off with SPEC_REPLAY_PROBE_CACHE=0."""
-    from replay.paths import cache_root
-    return ProbeCache(None if os.environ.get("SPEC_REPLAY_PROBE_CACHE") == "0" else cache_root() / "kernels")
-
-
 def _context():
     """Fresh processes forked from a server process that has imported the probe's modules but loaded no
     libllama (a process holds one ggml: each probe needs its own): a probe starts in milliseconds, not
     the half second a spawned interpreter takes."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["replay.commands.recover", "replay.commands.probe"])
+    ctx.set_forkserver_preload(["replay.commands.recover", "replay.run.kernels.processes"])
     return ctx
 
 
@@ -307,17 +152,15 @@ def parallel_probes(n_tasks: int) -> tuple[int, int | None]:
 
 
 class _Prober:
-    """One transcript's probing: its text, witnesses, model and library, run in processes of their own."""
+    """One transcript's probing: its job and witnesses, run in processes of their own."""
 
-    def __init__(self, *, text: str, source: str, request: dict | None, indices: Sequence[int], model: str | Path,
-                 flags: dict, options, libllama: Path | None, until_exact: float | None, cache: ProbeCache | None,
-                 context: dict | None):
-        self.text, self.source, self.request, self.indices = text, source, request, list(indices)
-        self.model, self.flags, self.options, self.libllama = str(model), flags, options, libllama
+    def __init__(self, job: ProbeJob, indices: Sequence[int], *, until_exact: float | None,
+                 cache: ProbeCache | None, context: dict | None):
+        self.job, self.indices = job, list(indices)
         self.until_exact, self.cache, self.context = until_exact, cache, context or {}
 
     def class_key(self, c: Candidate) -> str:
-        return signature_key(model=self.model, libllama=self.libllama, candidate=c, context=self.context)
+        return signature_key(model=self.job.inputs.model, libllama=self.job.libllama, candidate=c, context=self.context)
 
     def witness(self, cands: Sequence[Candidate], same: dict[Candidate, tuple[str, ...]],
                 progress: Callable[[str, Probe], None] | None,
@@ -326,8 +169,8 @@ class _Prober:
         per variant, parallel_probes of them at a time. With several witnesses, in waves: once a candidate
         matched one within until_exact, the waves after it evaluate that one only."""
         variants = list(dict.fromkeys(c.variant for c in cands))
-        at_once, threads = parallel_probes(len(variants))
-        flags = dict(self.flags) if threads is None else {**self.flags, "threads": threads}
+        job = self._threaded(len(variants))
+        at_once = parallel_probes(len(variants))[0]
         probes: dict[Candidate, Probe] = {}
         seen: list[Witnessed] = []
         indices = self.indices
@@ -342,14 +185,13 @@ class _Prober:
                 jobs = {}
                 for v in wave:
                     mine = [c for c in cands if c.variant == v]
-                    keys = {c: self._key(indices, c, decodes) for c in mine}
+                    keys = {c: probe_key(self.job, indices, c, until_exact=self.until_exact, decodes=decodes) for c in mine}
                     kept = {c: self.cache.get(keys[c]) for c in mine} if self.cache is not None else {}
                     todo = [c for c in mine if kept.get(c) is None]
-                    args = (self.text, self.source, self.request, list(indices), self.model, flags, self.options, v,
-                            self.until_exact, [c.repack for c in todo], decodes)
+                    args = (job, list(indices), v, self.until_exact, [c.repack for c in todo], decodes)
                     fail = (lambda todo=todo, indices=indices: [Outcome(indices[0], c.repack,
                                                                         error="the worker process died") for c in todo])
-                    jobs[v] = (mine, keys, kept, pool.submit(_in_child, self.libllama, v, _child_probe, args, fail)
+                    jobs[v] = (mine, keys, kept, pool.submit(_in_child, self.job.libllama, v, _child_probe, args, fail)
                                if todo else None)
                 for v in wave:
                     mine, keys, kept, future = jobs[v]
@@ -369,13 +211,11 @@ class _Prober:
         """The kernel signatures of the members of `groups` (a process per variant, in waves)."""
         members = [c for g in groups for c in g]
         variants = list(dict.fromkeys(c.variant for c in members))
-        at_once, threads = parallel_probes(len(variants))
-        flags = dict(self.flags) if threads is None else {**self.flags, "threads": threads}
+        job = self._threaded(len(variants))
         out: dict[Candidate, str | None] = {}
-        with cf.ThreadPoolExecutor(at_once) as pool:
-            futures = {v: pool.submit(_in_child, self.libllama, v, _child_signatures,
-                                      (self.text, self.source, self.request, self.indices[0], self.model, flags, v,
-                                       [c.repack for c in members if c.variant == v]),
+        with cf.ThreadPoolExecutor(parallel_probes(len(variants))[0]) as pool:
+            futures = {v: pool.submit(_in_child, self.job.libllama, v, _child_signatures,
+                                      (job, self.indices[0], v, [c.repack for c in members if c.variant == v]),
                                       lambda v=v: [(c.repack, None) for c in members if c.variant == v])
                        for v in variants}
             for v, f in futures.items():
@@ -383,14 +223,13 @@ class _Prober:
                     out[Candidate(v, repack)] = sig
         return out
 
-    def _key(self, indices: Sequence[int], c: Candidate, decodes: int) -> str:
-        return probe_key(text=self.text, request=self.request, indices=indices, model=self.model, flags=self.flags,
-                         options=self.options, libllama=self.libllama, variant=c.variant,
-                         until_exact=self.until_exact, repack=c.repack, decodes=decodes)
+    def _threaded(self, n_variants: int) -> ProbeJob:
+        """The job with each probe's share of the cores as its -t (values do not depend on it)."""
+        threads = parallel_probes(n_variants)[1]
+        return self.job if threads is None else replace(self.job, flags={**self.job.flags, "threads": threads})
 
 
-def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: str, request: dict | None,
-                   indices: Sequence[int], model: str | Path, flags: dict, options, libllama: Path | None,
+def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices: Sequence[int], *,
                    progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None,
                    cache: ProbeCache | None = None, context: dict | None = None) -> list[Probe]:
     """Evaluate the first entries of records `indices` (witnesses, best first) under each candidate
@@ -400,7 +239,7 @@ def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: 
     evaluate that witness only: every class is probed, since the ones that equal the server's on it
     must also be told apart by their one-token decodes (Probe.decode).
 
-    When this model's classes are known (commands/kernel_classes.py, kept in `cache` per host, model,
+    When this model's classes are known (classes.py, kept in `cache` per host, model,
     library and the kernel-choosing `context` settings), only the first candidate of each class is
     probed and its Probe names the others (`same`). Otherwise every candidate is, and the classes are
     learnt from the probes: kernel signatures are computed for the candidates whose witness values
@@ -408,12 +247,11 @@ def probe_variants(candidates: Sequence[Candidate | str], *, text: str, source: 
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
     if cache is not None and cache.root is None:  # SPEC_REPLAY_PROBE_CACHE=0: nothing kept, so nothing learnt
         cache = None
-    prober = _Prober(text=text, source=source, request=request, indices=indices, model=model, flags=flags,
-                     options=options, libllama=libllama, until_exact=until_exact, cache=cache, context=context)
+    prober = _Prober(job, indices, until_exact=until_exact, cache=cache, context=context)
     grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) if cache is not None else None
     if grouped is not None:
         # one candidate per class, on the first entry alone; the one-token decodes after it only where two
-        # classes reproduce it exactly and must be told apart (commands/kernel_choice.py)
+        # classes reproduce it exactly and must be told apart (choice.py)
         reps = representatives(grouped)
         same = {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)}
         probes, _ = prober.witness(reps, same, progress, decodes=0)
@@ -436,7 +274,6 @@ def fold_twins(probes: Sequence[Probe], seen: Sequence[Witnessed]) -> list[Probe
     """The probes with each twin by construction (a variant without repack whose weights took no extra
     buffer type with it: the same computation) named in its twin's `same` instead of standing alone.
 
-    >>> from replay.commands.kernel_classes import Candidate
     >>> ps = [Probe("x64", 0.0, record=0), Probe("x64", 0.0, record=0, repack=False)]
     >>> w = [Witnessed(Candidate("x64"), 0, (-1.0,), ()), Witnessed(Candidate("x64", False), 0, (-1.0,), (), "x64")]
     >>> [(p.label, p.same) for p in fold_twins(ps, w)]

@@ -129,6 +129,68 @@ def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(long_ev
     assert out.read_bytes() == want
 
 
+class _Huge:
+    """300 MB that, once pickling begins, end their process a second later: while they are being written
+    (measured here: pickled in 0.5 s, written through a pipe in 1.3 s)."""
+
+    def __reduce__(self):
+        import threading
+        threading.Timer(1.0, lambda: os._exit(9)).start()
+        return bytes, (b"x" * 300_000_000,)
+
+
+class _DiesMidMessage:
+    """A task whose worker exits while it is sending a result far larger than a pipe holds."""
+
+    verb = "recovering"
+
+    def open(self, inputs, engine):
+        return self
+
+    def item_name(self, index: int) -> str:
+        return f"record {index + 1}"
+
+    def run(self, unit, emit) -> None:
+        from replay.run.task import Done
+        emit("start", unit.records[0])
+        emit("done", Done(unit.records[0], _Huge()))
+
+    def forget(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_worker_that_dies_in_the_middle_of_a_message_is_named_not_waited_for():
+    """Half a message on the driver's pipe: a worker killed while writing one (found by the test above,
+    once in a few runs, as a driver waiting forever). Each worker writes to a pipe of its own, so the rest
+    never comes and the end of the pipe says the worker is gone."""
+    import threading
+
+    from replay.errors import WorkerDied
+    from replay.run.inputs import Inputs
+    from replay.runtime.binding import LibChoice
+    from replay.runtime.engine import EngineChoice
+    from replay.scale.local import run_local
+    from replay.scale.worker import Job
+    job = Job(Inputs("{}", "f.jsonl", None, str(tiny_target())), EngineChoice(LibChoice(None, "test")),
+              _DiesMidMessage())
+    raised: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            run_local(job, [Unit((0,))], 1, lambda kind, what: None)
+        except BaseException as e:  # noqa: BLE001 - what the driver raised, to assert on
+            raised.append(e)
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    assert not t.is_alive(), "the driver waits for the rest of a message from a worker that is gone"
+    assert len(raised) == 1 and isinstance(raised[0], WorkerDied), raised
+    assert str(raised[0]) == "worker 0 died (exit code 9) while recovering f.jsonl, record 1"
+
+
 # --- which records travel together (pure) -----------------------------------------------------------
 
 def rec(k: int, prompt: str, cache_n: int = 0) -> Record:

@@ -76,8 +76,17 @@ def _numpy_path(v: np.ndarray, tok: int, n_top: int) -> tuple[float, list[tuple[
 CASES = [(v, n_top, (7 * i) % len(v)) for i, v in enumerate(_hostile_rows()) for n_top in (1, 5, 20)]
 
 
-def test_the_extension_is_built():
-    assert server_probs._native is not None, "replay/numerics/_native.c is not built: pip install -e ."
+def test_the_extension_is_built_and_computes_every_row_itself():
+    """pre_sampling takes the numpy path where the compiled one declines (returns None), so the
+    "compiled" cases below would pass on numpy alone: here the extension of this checkout is loaded and
+    answers every hostile row itself, with the numpy path's values."""
+    from pathlib import Path
+    native = server_probs._native
+    assert native is not None, "replay/numerics/_native.c is not built: pip install -e ."
+    assert Path(native.__file__).parent == Path(server_probs.__file__).parent and ".so" in Path(native.__file__).suffixes
+    for v, n_top, tok in CASES:
+        got = native.pre_sampling(np.ascontiguousarray(v, dtype=np.float32), tok, n_top)
+        assert got is not None and got == _numpy_path(v, tok, n_top), (len(v), n_top, tok)
 
 
 @pytest.mark.parametrize("path", [pre_sampling, _numpy_path], ids=["compiled", "numpy"])

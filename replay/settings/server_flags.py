@@ -840,9 +840,13 @@ def judge(name: str, value: Any, command: str) -> tuple[str, str]:
     ('refused', 'ignored')
     >>> judge("--no-context-shift", True, "trace")[0], judge("--context-shift", True, "trace")[0]
     ('ignored', 'refused')
+    >>> judge("--lora", "a.gguf", "check")
+    ('ignored', '--lora a.gguf: ignored (check asks the running server what it does)')
     """
     f = BY_NAME[name]
     shown = name if value is True else f"{name} {value}"
+    if command == "check":  # an audit of the running server: what it does is asked of it, not of its flags
+        return "ignored", f"{shown}: ignored (check asks the running server what it does)"
     how = f.disposition(command if command in COMMANDS else "recover")
     why = f.why
     if LOOP_ONLY in why and f.recover != f.trace:  # one reason for each command

@@ -23,7 +23,9 @@ def test_a_tolerance_that_is_not_a_finite_number_of_nats_is_refused(command, val
     extra = ("-o", tmp_path / "o.json") if command == "recover" else ()
     r = run(command, T, "-m", tiny_target(), "--tolerance", value, *extra)
     assert r.exit_code == 2
-    assert "--tolerance" in one_error(r) and len(r.output.strip().splitlines()) == 1
+    why = f"{value!r} is not a number of nats" if value == "0.1x" else f"{value!r}: give a finite number of nats, 0 or more"
+    assert one_error(r) == f"Error: Invalid value for '--tolerance': {why} (see 'main {command} --help')"
+    assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "o.json").exists()
 
 
@@ -33,10 +35,12 @@ def test_the_output_is_never_the_input_even_with_force(tmp_path):
     before = src.read_bytes()
     for args in (("-o", src, "--force"), ("-o", tmp_path / "." / "t.json", "--force")):
         r = run("recover", src, "-m", tiny_target(), *args)
-        assert r.exit_code == 2 and "is the input" in one_error(r) and "--in-place" in one_error(r)
+        assert r.exit_code == 2 and one_error(r) == (f"Error: -o {args[1]} is the input {src}: write elsewhere, or give "
+                                                     "--in-place to replace the transcript on purpose (see 'main "
+                                                     "recover --help')")
     for flag in ("--report", "--html"):
         r = run("diff", src, "-m", tiny_target(), flag, src, "--force")
-        assert r.exit_code == 2 and f"{flag} {src} is the input" in one_error(r)
+        assert r.exit_code == 2 and one_error(r) == f"Error: {flag} {src} is the input {src}: write elsewhere (see 'main diff --help')"
     assert src.read_bytes() == before
     r = run("recover", src, "-m", tiny_target(), "--in-place")  # on purpose
     assert r.exit_code == 0 and src.read_bytes() != before
@@ -45,12 +49,13 @@ def test_the_output_is_never_the_input_even_with_force(tmp_path):
 @pytest.mark.parametrize("command", ["recover", "diff", "trace"])
 def test_a_directory_is_one_line_with_exit_3_as_a_missing_file_is(command, tmp_path):
     extra = ("-o", tmp_path / "o.json") if command == "recover" else ()
-    for args, what in (((tmp_path, "-m", tiny_target()), "not a transcript file"),
-                       ((T, "-m", tmp_path), "not a model file"),
-                       ((tmp_path / "missing.json", "-m", tiny_target()), "transcript file not found")):
+    for args, line in (((tmp_path, "-m", tiny_target()), f"Error: {tmp_path} is a directory, not a transcript file"),
+                       ((T, "-m", tmp_path), f"Error: {tmp_path} is a directory, not a model file"),
+                       ((tmp_path / "missing.json", "-m", tiny_target()),
+                        f"Error: a transcript file not found: {tmp_path / 'missing.json'}")):
         r = run(command, *args, *extra)
         assert r.exit_code == 3, (args, r.output)
-        assert what in one_error(r) and len(r.output.strip().splitlines()) == 1
+        assert one_error(r) == line and len(r.output.strip().splitlines()) == 1
 
 
 def test_a_context_too_small_says_once_what_the_whole_record_needs():
@@ -59,7 +64,8 @@ def test_a_context_too_small_says_once_what_the_whole_record_needs():
     for c in ("8", "20", "23"):
         r = run("diff", T, "-m", tiny_target(), "-c", c)
         assert r.exit_code == 3
-        assert f"need 24 positions but the context holds {c}: pass --ctx-size 24 or more" in one_error(r)
+        assert one_error(r) == (f"Error: {T}, record 1: prompt + completion need 24 positions but the context holds {c}: "
+                                "pass --ctx-size 24 or more")
     assert run("diff", T, "-m", tiny_target(), "-c", "24").exit_code == 0
 
 

@@ -155,7 +155,9 @@ def test_a_request_without_a_fixed_seed_cannot_be_traced(tmp_path):
     t["request"]["seed"] = -1
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
-    assert "no fixed seed" in one_error(run("trace", p, "-m", tiny_target(), "-md", tiny_draft()))
+    assert one_error(run("trace", p, "-m", tiny_target(), "-md", tiny_draft())) == (
+        f"Error: {p}, record 1: the request has no fixed seed (seed -1): the server drew a random one, so the run "
+        'cannot be reproduced; record with an explicit "seed"')
 
 
 def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_and_says_so(tmp_path):

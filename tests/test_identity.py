@@ -39,23 +39,29 @@ def _edited(tmp_path, edit) -> str:
 
 # -- names -----------------------------------------------------------------------------------------------
 
+WRONG_TARGET = (f"Error: {T}, record 1: the server loaded tiny-target.gguf (the response's \"model\"), -m is "
+                "tiny-draft.gguf: give the file the server loaded (--renamed-model if it is that file renamed)")
+
 def test_the_draft_given_as_the_target_is_refused_by_name_whatever_the_options(tmp_path):
     """The issue's case: tiny-draft.gguf (a noisy copy of the target) given as -m passed with
     --shared-batches or --server-backend CUDA0, its first token marked ok 0.19 nats off."""
     for extra in ((), ("--shared-batches",), ("--server-backend", "CUDA0"), ("--tolerance", "0.5")):
         r = run("recover", T, "-m", tiny_draft(), "-o", tmp_path / "out.json", *extra)
         assert r.exit_code == 3, (extra, r.output)
-        assert one_error(r).endswith('the server loaded tiny-target.gguf (the response\'s "model"), -m is tiny-draft.gguf: '
-                                     "give the file the server loaded (--renamed-model if it is that file renamed)")
+        assert one_error(r) == WRONG_TARGET
         assert not (tmp_path / "out.json").exists()
-    r = run("trace", T, "-m", tiny_draft(), "-md", tiny_draft())
-    assert r.exit_code == 3 and "-m is tiny-draft.gguf" in one_error(r)
+    for command in ("trace", "tune"):  # the same line, before any kernel is probed
+        r = run(command, T, "-m", tiny_draft(), "-md", tiny_draft(), *(("--vary", "--spec-draft-n-max=2") if
+                                                                      command == "tune" else ()))
+        assert r.exit_code == 3 and one_error(r) == WRONG_TARGET and r.stderr.startswith("Error:"), r.stderr
 
 
 def test_trace_compares_the_draft_with_the_recorded_one(tmp_path):
     r = run("trace", T, "-m", tiny_target(), "-md", tiny_target())
     assert r.exit_code == 3
-    assert "the server loaded tiny-draft.gguf (server.flags --spec-draft-model), -md is tiny-target.gguf" in one_error(r)
+    assert one_error(r) == (f"Error: {T}, record 1: the server loaded tiny-draft.gguf (server.flags --spec-draft-model), "
+                            "-md is tiny-target.gguf: give the file the server loaded (--renamed-model if it is that "
+                            "file renamed)")
 
 
 def test_a_file_type_or_size_that_differs_is_refused_even_for_a_renamed_file(tmp_path):
@@ -64,12 +70,15 @@ def test_a_file_type_or_size_that_differs_is_refused_even_for_a_renamed_file(tmp
         t["server"]["props"]["model_ftype"] = "Q4_1"
     r = run("diff", _edited(tmp_path, ftype), "-m", tiny_target(), "--renamed-model")
     assert r.exit_code == 3
-    assert "the server loaded a Q4_1 model (/props model_ftype), -m is llama ?B all F32" in one_error(r)
+    assert one_error(r) == (f"Error: {tmp_path / 't.json'}, record 1: the server loaded a Q4_1 model (/props "
+                            "model_ftype), -m is llama ?B all F32: give the file the server loaded")
 
     def size(t):
         t["server"]["models_meta"] = {"size": 123, "n_params": 7}
     r = run("diff", _edited(tmp_path, size), "-m", tiny_target(), "--renamed-model")
-    assert r.exit_code == 3 and "the server's model has size 123 (/v1/models meta.size)" in one_error(r)
+    assert r.exit_code == 3 and one_error(r) == (f"Error: {tmp_path / 't.json'}, record 1: the server's model has size "
+                                                 "123 (/v1/models meta.size), -m has 21824: give the file the server "
+                                                 "loaded")
 
 
 def test_what_was_compared_is_in_the_report(tmp_path):

@@ -121,7 +121,7 @@ def test_missing_model_file(tmp_path):
     t = tmp_path / "t.json"
     t.write_text("{}")
     r = run("diff", t, "-m", tmp_path / "nope.gguf")
-    assert r.exit_code == Exit.ERROR and "model file not found" in one_error(r)
+    assert r.exit_code == Exit.ERROR and one_error(r) == f"Error: a model file not found: {tmp_path / 'nope.gguf'}"
 
 
 def test_not_a_gguf(tmp_path):
@@ -130,7 +130,7 @@ def test_not_a_gguf(tmp_path):
     m = tmp_path / "model.gguf"
     m.write_bytes(b"PK\x03\x04" + b"\0" * 2000)
     r = run("diff", t, "-m", m)
-    assert r.exit_code == Exit.ERROR and "is not a GGUF file" in one_error(r)
+    assert r.exit_code == Exit.ERROR and one_error(r) == f"Error: {m} is not a GGUF file (magic b'PK\\x03\\x04')"
 
 
 def test_truncated_gguf(tmp_path):
@@ -139,7 +139,8 @@ def test_truncated_gguf(tmp_path):
     m = tmp_path / "model.gguf"
     m.write_bytes(tiny_target().read_bytes()[:300])
     r = run("diff", t, "-m", m)
-    assert r.exit_code == Exit.ERROR and "truncated" in one_error(r)
+    assert r.exit_code == Exit.ERROR and one_error(r) == (f"Error: {m} is truncated or corrupt: the header runs past "
+                                                          "the end of the file")
 
 
 def test_a_model_that_fails_to_load_closes_quietly(tmp_path):

@@ -110,8 +110,9 @@ def test_trace_refuses_what_changes_the_loop_and_recover_takes_it():
     """--spec-synth-len (copied from a benchmarking server's command line) accepts drafts at random:
     trace cannot reproduce the loop, recover needs only the target's values."""
     r = run("trace", T, "-m", tiny_target(), "--spec-synth-len", "4")
-    assert r.exit_code == 3 and "--spec-synth-len 4: accepts drafts at random" in one_error(r)
-    assert "not replayed by trace" in one_error(r)
+    assert r.exit_code == 3 and one_error(r) == (
+        "Error: --spec-synth-len 4: accepts drafts at random for benchmarking (server_sample_and_accept_synth): the "
+        "loop's choices are not the rejection rule's; not replayed by trace")
     r = run("diff", T, "-m", tiny_target(), "--spec-synth-len", "4")
     assert r.exit_code == 0 and "note: --spec-synth-len 4: ignored" in r.stderr
 
@@ -143,3 +144,14 @@ def test_every_option_of_the_built_servers_help_is_taken(b11434):
                 _accepted(command, _sample(name))
             except click.UsageError as e:
                 assert "No such option" not in e.format_message(), (command, name, e.format_message())
+
+
+def test_check_sets_the_servers_other_flags_aside_with_a_note():
+    """A server's whole command line given to check: its speculative flags are checked against /slots,
+    the rest said to be set aside, one note each, and the audit goes on (here: to an unreachable server)."""
+    r = run("check", "http://127.0.0.1:9", "--lora", "a.gguf", "-c", "4096", "--spec-type", "ngram-mod")
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: --lora a.gguf: ignored (check asks the running server what it does)",
+                     "note: -c 4096: ignored (check asks the running server what it does)"]
+    assert one_error(r) == ("Error: cannot tell: cannot reach http://127.0.0.1:9/props: [Errno 111] Connection "
+                            "refused")

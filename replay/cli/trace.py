@@ -88,7 +88,7 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     """
     from replay.cli.progress import progress_bar
     from replay.run.task import run_all
-    from replay.run.trace import TraceTask
+    from replay.run.trace import TraceTask, trace_report
     from replay.runtime.llama import set_verbose
     from replay.transcripts.files import write_atomic
     flags = given_flags(flags)
@@ -119,20 +119,15 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
         results.append((None, session.prompt(prompt)))
     for shape in dict.fromkeys(r.shape for _, r in results if r.shape is not None and r.shape.warning):
         click.echo(f"warning: {shape.warning}", err=True)
-    piece = lambda i: target.piece(i).decode("utf-8", "replace")  # noqa: E731
-    cpu = {} if engine.kernels is None else {"kernels": engine.kernels.to_json()}
+    piece = session.piece
     if html_file:  # before the report: a reader that stops early loses nothing
         from replay.report.pages import trace_page
         write_atomic(html_file, trace_page([(rec.where if rec else "--prompt", r) for rec, r in results], piece,
                                            prompt=prompt), force=force)
         click.echo(f"wrote {html_file}", err=True)
     if as_json:
-        head = {"format": report_json.TRACE_FORMAT, "version": report_json.REPORT_VERSION}
-        if len(results) == 1:
-            click.echo(report_json.dumps({**head, **results[0][1].to_json(piece), **cpu}, indent=2))
-        else:
-            click.echo(report_json.dumps({**head, "records": [dict(r.to_json(piece), record=rec.index)
-                                                              for rec, r in results], **cpu}, indent=2))
+        report = trace_report([(rec.index if rec else None, r) for rec, r in results], piece, engine.kernels)
+        click.echo(report_json.dumps(report, indent=2))
     else:
         for rec, res in results:
             if len(results) > 1:

@@ -13,16 +13,17 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from replay.commands.recover import RecoverOptions
 from replay.commands.trace import Drafts, trace_prompt, trace_record
 from replay.commands.trace_state import ServerState
 from replay.comparison.trace import TraceResult
+from replay.report import schema as report_json
 from replay.run.engine import Say, choose_engine
 from replay.run.inputs import Inputs
 from replay.run.task import Done, Emit, run_all
-from replay.runtime.engine import EngineChoice
+from replay.runtime.engine import EngineChoice, KernelChoice
 from replay.runtime.llama import Model, model_params
 from replay.settings.server_flags import from_mapping
 from replay.transcripts.chains import Unit
@@ -53,6 +54,24 @@ class TraceTask:
         return RecoverOptions(build=self.build, source=self.source and Path(self.source))
 
 
+def trace_report(results: Sequence[tuple[int | None, TraceResult]], piece: Callable[[int], str],
+                 kernels: KernelChoice | None) -> dict:
+    """The report of a trace (`spec-replay trace --json`, docs/report-format.md): one record's fields at
+    the top, several records under "records" with their numbers; the kernels replayed on, where chosen."""
+    head = {"format": report_json.TRACE_FORMAT, "version": report_json.REPORT_VERSION}
+    cpu = {} if kernels is None else {"kernels": kernels.to_json()}
+    if len(results) == 1:
+        return {**head, **results[0][1].to_json(piece), **cpu}
+    return {**head, "records": [dict(r.to_json(piece), record=index) for index, r in results], **cpu}
+
+
+class Traced(list):
+    """The TraceResults of a run, in file order, with `report`: what `spec-replay trace --json` prints for
+    them (trace_report)."""
+
+    report: dict
+
+
 class TraceSession:
     """The target and the draft models loaded once (the engine applied first)."""
 
@@ -77,6 +96,9 @@ class TraceSession:
                                    drafts=self.drafts, renamed=t.renamed, shared=self.shared.get(rec.index))
                 emit("done", Done(k, res.lighten() if t.light else res))
 
+    def piece(self, tid: int) -> str:
+        return self.target.piece(tid).decode("utf-8", "replace")
+
     def prompt(self, text: str) -> TraceResult:
         """The loop from scratch on a text prompt (trace --prompt: commands/trace.py trace_prompt)."""
         t = self.task
@@ -93,13 +115,14 @@ class TraceSession:
 def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Mapping[str, Any] | None = None,
           request: dict | None = None, build: int | None = None, source: Path | None = None,
           renamed: bool = False, libllama: str | None = None, server_cpu: str | None = None,
-          say: Say | None = None) -> list[TraceResult]:
+          say: Say | None = None) -> Traced:
     """Trace every record of a transcript (a path, or an already-parsed object), in order, as requests to
     one server, as `spec-replay trace` does. `flags` are the server's flags as llama-server spells them
     ({"-md": "draft.gguf", "--spec-type": "draft-simple", "--spec-draft-n-max": 8}; settings attrs too):
     set aside with a warning where they change nothing trace computes, SettingsError where trace cannot
     reproduce them or llama-server has no such flag (settings/server_flags.py). The libllama and CPU
-    kernels are chosen as the command line chooses them (run/engine.py; `say` hears what it says).
+    kernels are chosen as the command line chooses them (run/engine.py; `say` hears what it says), and
+    the list's `report` is what the command line's --json prints.
 
         >>> from replay.paths import FIXTURES
         >>> [r.reproduced for r in trace(FIXTURES / "transcripts" / "tiny-draft-simple.json", FIXTURES / "tiny-target.gguf",
@@ -116,6 +139,10 @@ def trace(transcript: str | Path | dict | list, model: str | Path, *, flags: Map
                            say=say)
     session = task.open(inputs, engine)
     try:
-        return [d.result for d in run_all(session, len(inputs.records))]
+        done = run_all(session, len(inputs.records))
+        out = Traced(d.result for d in done)
+        out.report = trace_report([(inputs.records[d.index].index, d.result) for d in done], session.piece,
+                                  engine.kernels)
+        return out
     finally:
         session.close()

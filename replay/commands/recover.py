@@ -217,7 +217,7 @@ class Recoverer:
         """Everything later stages need from the record, read once (reading/record.py)."""
         return read_record(rec, self.model, self.flags, build=self.options.build, source=self.options.source,
                            renamed=self.options.renamed_model, facts=self.facts(), piece=self.piece,
-                           shared=self.shared.get(rec.index) or rec.several_slots(self.flags.get("n_parallel")) or (
+                           shared=self.shared.get(rec.index) or rec.busy_when_sent() or (
                                "--shared-batches" if self.options.shared_batches else None))
 
     def _evaluate(self, read: ReadRecord) -> "Evaluated":

@@ -164,7 +164,7 @@ def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None 
         if draft_model is not None and read.shared:
             res.explanation = drafts_shared(res, read.shared)
         else:
-            res.notes.append(drafts_differ(res, draft_model is not None))
+            res.notes.append(drafts_differ(res, draft_model is not None, rec.several_slots()))
     return res
 
 

@@ -254,11 +254,15 @@ def _totals_differ(res: TraceResult) -> str:
             f"accepted {res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted})")
 
 
-def drafts_differ(res: TraceResult, draft_model: bool) -> str:
-    """Why every token can match while the draft totals do not: the drafts were chosen differently."""
+def drafts_differ(res: TraceResult, draft_model: bool, several_slots: str | None = None) -> str:
+    """Why every token can match while the draft totals do not: the drafts were chosen differently.
+    `several_slots` (Record.several_slots) names a possibility the transcript shows no evidence of."""
     why = ("the draft model's argmax at a near-tie follows the kernels that computed its logits: a server "
            "whose ggml differs from this replay's libllama (an older or newer build, a GPU, other CPU code "
-           "paths) can draft another token there, and sample-and-match still emits the target's tokens"
+           "paths, another --threads-draft past 256 positions) can draft another token there, and "
+           "sample-and-match still emits the target's tokens"
            if draft_model else "an n-gram drafter's state differs (earlier requests to the same server that "
                                "the transcript does not hold?)")
-    return f"{_totals_differ(res)}: {why}"
+    also = (f"; or {several_slots} drafted other requests' tokens in the same batch, if any ran at the same time "
+            "(nothing in the transcript shows one did)" if several_slots and draft_model else "")
+    return f"{_totals_differ(res)}: {why}{also}"

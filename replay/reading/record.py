@@ -103,7 +103,7 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
         prompt=tuple(prompt), notes=tuple(notes),
         context=resolve("context", flags=dict(flags), recorded=rec.flags, props=rec.props), spec=spec, final=final,
         speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
-        slots=rec.slots(flags.get("n_parallel")), shared=shared or rec.several_slots(flags.get("n_parallel")),
+        slots=rec.slots(flags.get("n_parallel")), shared=shared or rec.busy_when_sent(),
         identity=identity)
 
 

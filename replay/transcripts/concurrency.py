@@ -60,12 +60,13 @@ def overlapping(records: Sequence[Record]) -> dict[int, str]:
 
 def shared_evidence(records: Sequence[Record], n_parallel: int | None, option: bool) -> dict[int, str]:
     """{record index: why its batches may have been shared with other requests} for every record where
-    something says so: the record itself (Record.several_slots: slots, slot ids, /slots), the records it
-    overlapped in time, or the user's --shared-batches (`option`)."""
+    something shows it: the record itself (Record.busy_when_sent: another slot busy in /slots), the
+    records it overlapped in time, or the user's --shared-batches (`option`). A slot count or a slot id
+    alone shows nothing: a lone request on a 4-slot server runs alone. (`n_parallel`: kept for callers.)"""
     overlaps = overlapping(records)
     out = {}
     for rec in records:
-        why = rec.several_slots(n_parallel) or overlaps.get(rec.index) or ("--shared-batches" if option else None)
+        why = rec.busy_when_sent() or overlaps.get(rec.index) or ("--shared-batches" if option else None)
         if why:
             out[rec.index] = why
     return out

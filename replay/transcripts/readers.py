@@ -72,22 +72,25 @@ class Record:
         """The server's build_info: the recorded one (/props), else the OpenAI endpoints' system_fingerprint."""
         return self.build_info or fingerprint(self)
 
-    def several_slots(self, n_parallel: int | None = None) -> str | None:
-        """What in the record shows a server that may have decoded it in batches shared with other
-        requests, or None: the slot count it ran (/props, our -np, the recorded --parallel), a response
-        from a slot other than 0, or another slot busy in the /slots snapshot taken before it. An
-        unknown slot count is no such evidence."""
-        n = self.slots(n_parallel)
-        if n is not None and n > 1:
-            where = ("/props total_slots" if isinstance((self.props or {}).get("total_slots"), int)
-                     else "-np" if n_parallel is not None else "the recorded --parallel")
-            return f"a {n}-slot server ({where})"
-        sid = self.slot_id(n_parallel)
-        if sid is not None and sid > 0:
-            return f"the response came from slot {sid}"
+    def busy_when_sent(self) -> str | None:
+        """What in the record itself shows that the server decoded it in batches shared with other
+        requests, or None: another slot busy in the /slots snapshot taken before it. A slot count above
+        one, or a response from slot 3, is no such evidence: a lone request on a fresh default-flag
+        server (4 slots) runs alone, on whichever slot it gets (transcripts/concurrency.py: records
+        that overlap in time are the other evidence)."""
         if any(isinstance(s, dict) and s.get("is_processing") for s in (self.snapshot_slots or [])):
             return "another slot was busy when it was sent (/slots)"
         return None
+
+    def several_slots(self, n_parallel: int | None = None) -> str | None:
+        """The server's slot count where it had several, as words (a possibility to name, not evidence of
+        shared batches: busy_when_sent), or None."""
+        n = self.slots(n_parallel)
+        if n is None or n <= 1:
+            return None
+        where = ("/props total_slots" if isinstance((self.props or {}).get("total_slots"), int)
+                 else "-np" if n_parallel is not None else "the recorded --parallel")
+        return f"a {n}-slot server ({where})"
 
     def slot_id(self, n_parallel: int | None = None) -> int | None:
         """The server slot that served the request: the response's id_slot (native endpoints), 0 on a

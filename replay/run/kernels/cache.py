@@ -33,7 +33,7 @@ def probe_key(job: ProbeJob, indices: Sequence[int], candidate: Candidate, *, un
              "flags": {k: repr(v) for k, v in sorted(job.flags.items()) if k not in THREAD_FLAGS + ("no_repack",)},
              "options": {f: repr(getattr(job.options, f, None)) for f in PROBE_OPTIONS}, "until": until_exact,
              "decodes": decodes, "lib": lib_files(job.libllama, candidate.variant), "variant": candidate.variant,
-             "repack": candidate.repack}
+             "repack": candidate.repack, "format": 2}  # 2: probes keep `later`
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -52,7 +52,8 @@ class ProbeCache:
         try:
             d = json.loads((self.root / f"{key}.json").read_text())
             return Probe(d["variant"], d["diff"], d.get("error"), d.get("record"),
-                         tuple(d["decode"]) if d.get("decode") is not None else None, bool(d.get("repack", True)))
+                         tuple(d["decode"]) if d.get("decode") is not None else None, bool(d.get("repack", True)),
+                         later=d.get("later"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 

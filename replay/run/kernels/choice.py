@@ -60,6 +60,11 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         lead = exact[0]
         apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
         differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
+        told = told_apart(exact) if differ else None
+        if told:  # the server's own entries after the first say which of them it computed with
+            exact, lead = told, told[0]
+            apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
+            differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
         if differ:
             names = ", ".join(p.label for p in [lead, *(p for p, _ in differ)])
             head = (f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
@@ -113,6 +118,22 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         f"build with other flags, or a CPU variant this host cannot run{beyond}"
         + "".join(f"; {c}" for c in crashes) + "; give --server-backend NAME to recover at stated precision on the "
         "nearest")
+
+
+def told_apart(exact: Sequence[Probe]) -> list[Probe] | None:
+    """Of variants equal on the first entry, those whose one-token decodes of the tokens after it also
+    reproduce the server's real entries among them (Probe.later within EXACT), best first; None when
+    those entries cannot tell (some variant has none to compare, or none reproduces them).
+
+    >>> told_apart([Probe("icelake", 0.0, later=0.11), Probe("haswell", 0.0, later=0.0)])[0].variant
+    'haswell'
+    >>> told_apart([Probe("icelake", 0.0, later=None), Probe("haswell", 0.0, later=0.0)]) is None
+    True
+    """
+    if any(p.later is None for p in exact):
+        return None
+    agree = [p for p in exact if p.later <= EXACT]
+    return agree or None
 
 
 def decode_distance(a: Probe, b: Probe) -> float | None:

@@ -87,7 +87,9 @@ def _witness(r, rec: Record, k: int, repack: bool) -> Outcome:  # pragma: no cov
     values = tuple(v for v in (first.true_logprob, *(x["logprob"] for x in first.true_top)) if v is not None)
     later = [t for t in rep.tokens[1:] if t.true_logprob is not None]
     decode = tuple(v for t in later for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))) or None
-    return Outcome(k, repack, max(abs(a - b) for a, b in pairs), values=values, decode=decode)
+    real = [abs(a - b) for t in later for a, b in t.real_pairs]
+    return Outcome(k, repack, max(abs(a - b) for a, b in pairs), values=values, decode=decode,
+                   later=max(real) if real else None)
 
 
 def _child_signatures(job: ProbeJob, index: int, variant: str,
@@ -300,5 +302,6 @@ def _probe_of(c: Candidate, got: list[Outcome], kept: Probe | None, same: tuple[
                 Witnessed(c, None, None, None))
     best = min(measured, key=lambda o: (o.diff, o.record))
     twin = Candidate(c.variant, True).label if best.twin else None
-    return (Probe(c.variant, best.diff, record=best.record, decode=best.decode, repack=c.repack, same=same),
+    return (Probe(c.variant, best.diff, record=best.record, decode=best.decode, repack=c.repack, same=same,
+                  later=best.later),
             Witnessed(c, best.record, best.values, best.decode, twin))

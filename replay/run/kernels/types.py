@@ -71,6 +71,10 @@ class Probe:
     # the other candidates whose kernel signature (runtime/signature.py) is this one's: they compute this
     # model bit for bit alike, so this probe stands for them
     same: tuple[str, ...] = ()
+    # the largest |server - replay| over the real entries among those DECODES tokens (the server's own
+    # values: a token sampled outside the speculative loop, or every token of an unspeculated
+    # transcript), None where none is real: what tells apart variants equal on the first entry
+    later: float | None = None
 
     @property
     def label(self) -> str:
@@ -92,6 +96,7 @@ class Outcome:
     error: str | None = None
     values: tuple[float, ...] | None = None  # the replay's own first-entry values (logprob, alternatives)
     decode: tuple[float, ...] | None = None  # its next DECODES tokens' values, one-token decodes
+    later: float | None = None  # the largest |server - replay| over the real entries among them (Probe.later)
     twin: bool = False  # repack False computed as repack True: no weight took an extra buffer type
 
 

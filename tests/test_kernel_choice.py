@@ -217,6 +217,7 @@ def test_a_probe_is_kept_and_found_again_only_for_the_same_inputs(tmp_path):
     for same in (RecoverOptions(tolerance=1e-3), RecoverOptions(reuse_prefix=False),
                  RecoverOptions(shared_batches=True)):
         assert key_of(**{**base, "options": same}) == key, same
-    assert key_of(**{**base, "flags": {"threads": 1}}) == key
+    # -t changes a one-token decode's values past 256 positions (schedule/rows.py): another probe
+    assert key_of(**{**base, "flags": {"threads": 1}}) != key
     model.write_bytes(b"GGUF2")  # another model file at the same path
     assert key_of(**base) != key

@@ -86,6 +86,7 @@ def test_smollm2_drafting_for_itself_on_one_slot(start_server, smollm2):
         fit(timed)
 
 
+@pytest.mark.sweeps
 def test_gemma3_with_its_draft_on_a_default_flag_server(start_server, gemma3, gemma3_draft):
     srv = start_server(ServerConfig(gemma3, n_ctx=4096, n_parallel=-1, draft_model=gemma3_draft,
                                     spec_types=("draft-simple",)))
@@ -116,6 +117,7 @@ def test_smollm2_ngram_drafting_on_a_default_flag_server(start_server, smollm2):
     assert by["--spec-type ngram-simple --spec-ngram-simple-size-n 4"].total("drafted") == runs[0].total("drafted")
 
 
+@pytest.mark.sweeps
 def test_smollm2_sampling_at_temperature_1_with_a_probabilistic_draft(start_server, smollm2):
     """The rejection rule at t > 0: the baseline reproduces the recorded run exactly; other draft lengths draw
     their own samples (their expectation is along their own tokens); --samples 5 adds runs with the next seeds."""

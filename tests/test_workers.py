@@ -42,7 +42,9 @@ def test_two_workers_write_the_bytes_of_one(tiny_evals, tiny_evals_one_worker, t
     assert not list(tmp_path.glob("out.jsonl.partial*"))
 
 
-def test_values_do_not_depend_on_the_thread_count(tiny_evals, tmp_path):
+def test_values_do_not_depend_on_the_thread_count_short_of_256_positions(tiny_evals, tmp_path):
+    """The tiny eval records stay under 256 positions, where no decode splits the KV by thread; past them
+    -t is the server's and changes values (tests/test_schedule_live.py)."""
     outs = []
     for t in ("1", "2"):
         r = recover(tiny_evals, tmp_path / f"t{t}.jsonl", "-t", t, "--workers", "2")

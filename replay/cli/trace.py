@@ -147,15 +147,14 @@ def _trace_on_workers(inputs: Inputs, engine, task, target, workers: int) -> lis
     in order (commands/trace_state.py); the results in file order, the same as one process's."""
     from replay.cli.progress import progress_bar
     from replay.commands.trace_state import trace_units
-    from replay.run.engine import for_workers
     from replay.scale.ordered import run_units
-    from replay.scale.worker import Job, default_threads
+    from replay.scale.worker import Job
     records = inputs.records
     units = trace_units(records, task.flags, target.meta)
     if len(units) < workers:
         click.echo(f"note: {len(records)} records form {len(units)} unit(s) of work (records that share the "
                    "server's state across requests stay together): fewer than --workers", err=True)
-    job = Job(inputs, for_workers(engine, None if task.flags.get("threads") else default_threads(workers)), task)
+    job = Job(inputs, engine, task)
     got: dict[int, TraceResult] = {}
     with progress_bar(len(records), "tracing records") as advance:
         def on_done(d) -> None:

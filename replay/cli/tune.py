@@ -131,12 +131,11 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
 def _tune_on_workers(inputs, engine, task, workers: int, progress) -> list:
     """Settings over `workers` processes (scale/local.py), each loading the models and reading the records
     once; the baseline is checked wherever it runs (its error stops the run)."""
-    from replay.run.engine import for_workers
     from replay.scale.ordered import run_units
-    from replay.scale.worker import Job, default_threads
+    from replay.scale.worker import Job
     from replay.transcripts.chains import Unit
     n = len(task.settings())
-    job = Job(inputs, for_workers(engine, None if task.flags.get("threads") else default_threads(workers)), task)
+    job = Job(inputs, engine, task)
     got: dict[int, Any] = {}
     run_units(job, [Unit((k,)) for k in range(n)], workers=workers,
               on_done=lambda d: got.__setitem__(d.index, d.result), on_progress=progress)

@@ -22,6 +22,7 @@ from replay.comparison.values import (
     judge_numerics,
     numerics_cause,
     numerics_kind,
+    server_values,
 )
 from replay.errors import Unaligned, located
 from replay.evaluation.walk import PieceIndex, Truth, truths
@@ -36,6 +37,7 @@ from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
+from replay.schedule.rows import row_counts, scored_by
 from replay.settings import BY_ATTR
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
@@ -237,10 +239,11 @@ class Recoverer:
         evaluated: list[Truth] = []
         unaligned: Unaligned | None = None
         era = read.shape.era
+        scored = self._scored(rec, read)
         try:
             for truth in truths(self.model, slot, prompt, read.plan, read.settings, read.n_probs, post=read.post,
                                 prefix=prefix, spans=spans, suppress_tokens=era.suppress_tokens,
-                                single_draw=era.single_draw,
+                                single_draw=era.single_draw, scored=scored,
                                 pieces=self.pieces() if any(isinstance(i, Gap) for i in read.plan) else None):
                 evaluated.append(truth)
                 if self.options.only_entries and len(evaluated) >= self.options.only_entries:
@@ -250,7 +253,17 @@ class Recoverer:
             # the tokens of a gap that owns an entry are compared once the gap is complete: it is not
             while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.place.entry is not None:
                 evaluated.pop()
-        return Evaluated(evaluated, unaligned, prefix, schedule_of(slot, spans), len(ctx.kv_tokens))
+        kinds = {id(item): kind for item, kind in zip(read.plan, scored)}
+        rows = row_counts([kinds.get(id(t.item)) for t in evaluated], len(prompt))
+        schedule = {**schedule_of(slot, spans), "rows": rows,
+                    "threads": {"value": ctx.threads, "source": read.context.sources.get("threads", "default")}}
+        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens))
+
+    def _scored(self, rec: Record, read: ReadRecord) -> list[str | None]:
+        """Which decode computed each plan item's values on the server (schedule/rows.py): from the
+        transcript's own entries, real (one-token decodes) or placeholders (verify batches)."""
+        return scored_by(read.plan, lambda item: entry_at(rec, item.place) if item.place.entry is not None else None,
+                         server_values, read.n_probs)
 
     def _compare(self, rec: Record, evaluated: list[Truth], post: bool, n_probs: int,
                  speculative: bool) -> list[Outcome]:

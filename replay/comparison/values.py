@@ -11,12 +11,9 @@ Each token is classified:
     unaligned    generated text no sequence of the model's pieces spells
 
 Values are compared in natural-log space in both modes: post-sampling `prob`s are logged.
-A real value agrees when it is within `tolerance` of the truth with the same top-N ids. A
-speculating server computes its few real entries after the first token on KV built by its
-verify batches, not one token per decode; those drift from the one-per-decode truth on CPU
-(measured on SmolLM2: 8.5e-5 on the token over 4,000 tokens from a short prompt; 0.063 on the
-last token after a 1,284-token prompt; up to 0.25 on low-probability alternatives), so they
-are accepted up to SPEC_KV_DRIFT with their difference in the note, and kept as sent.
+A real value agrees when it is within `tolerance` of the truth with the same top-N ids. There is no
+looser rule for a speculating server's real entries after the first: the replay computes each of them
+in the kind of decode the server computed it in (schedule/rows.py), so they are its values too.
 """
 from __future__ import annotations
 
@@ -51,7 +48,6 @@ class TokenReport:
 
 
 DEFAULT_TOLERANCE = 5e-4
-SPEC_KV_DRIFT = 0.3
 # A server with several slots decodes a request in batches shared with other requests, which changes
 # the CPU kernels and the KV layout: its real values then differ from a one-request evaluation.
 # Measured on SmolLM2 Q4_1 (b11434, -np auto = 4 slots, 4 concurrent requests at a time, 36
@@ -88,40 +84,6 @@ def tops_agree(server: list[tuple[int | None, float]], true: list[tuple[int, flo
     return len(server) == len(true) and all(
         si == ti and (abs(slp - tlp) <= tol if math.isfinite(slp) and math.isfinite(tlp) else slp == tlp)
         for (si, slp), (ti, tlp) in zip(server, true))
-
-
-def tops_near(server: list[tuple[int | None, float]], true: list[tuple[int, float]], drift: float) -> bool:
-    """The looser rule for an entry the speculating server computed on a KV cache its verify batches
-    built (it drifts from a one-token-per-decode schedule past the first 256-cell window: up to ~0.25
-    nats on low-probability alternatives): every id both lists hold has logprobs within `drift` (so
-    near-tied entries may be listed in another order), and the lists hold the same ids but for at most
-    one at the boundary, the last of each list of two or more, the two boundary values within `drift`.
-
-    >>> tops_near([(1, -0.1), (3, -2.6)], [(1, -0.1), (2, -2.5)], 0.3)   # a near-tie at the cut
-    True
-    >>> tops_near([(1, -0.94), (2, -2.34), (3, -2.36)], [(1, -1.0), (3, -2.21), (2, -2.28)], 0.3)  # swapped
-    True
-    >>> tops_near([(1, -0.1), (3, -3.6)], [(1, -0.1), (2, -2.5)], 0.3)   # not near: another entry
-    False
-    >>> tops_near([(3, -0.7)], [(2, -0.7)], 0.3)
-    False
-    >>> tops_near([(1, -0.1), (2, -2.9)], [(1, -0.1), (2, -2.5)], 0.3)   # the same ids, too far apart
-    False
-    """
-    if len(server) != len(true) or not server:
-        return False
-
-    def near(a: float, b: float) -> bool:
-        return abs(a - b) <= drift if math.isfinite(a) and math.isfinite(b) else a == b
-    theirs, ours = dict(server), dict(true)
-    if not all(near(v, ours[i]) for i, v in theirs.items() if i in ours):
-        return False
-    only_theirs = [i for i, _ in server if i not in ours]
-    only_ours = [i for i, _ in true if i not in theirs]
-    if not only_theirs and not only_ours:
-        return True
-    return (len(server) >= 2 and only_theirs == [server[-1][0]] and only_ours == [true[-1][0]]
-            and near(server[-1][1], true[-1][1]))
 
 
 def server_values(e: dict) -> tuple[float, list[tuple[int | None, float]]]:
@@ -166,11 +128,6 @@ def compare(t: Truth, entry: dict | None, *, post: bool, n_probs: int, tolerance
     ids_differ = [s for s, _ in server_top] != [i for i, _ in true_top[:len(server_top)]] or not listed
     note = "" if status == "ok" else (f"|diff| {diff:.2e}" + ("; top ids differ" if ids_differ else
                                                               "; top logprobs differ"))
-    if status == "mismatch" and speculative and t.index > 0 and listed and diff <= SPEC_KV_DRIFT and \
-            tops_near(server_top, true_top[:len(server_top)], SPEC_KV_DRIFT):
-        status = "ok"
-        note = (f"|diff| {diff:.2e}: the speculating server computed this entry on a KV cache built by "
-                "verify batches (kept as sent)")
     return TokenReport(t.index, t.id, text, server_lp, _finite(true_lp), status, top_json, note=note,
                        real_pairs=pairs)
 

@@ -35,6 +35,7 @@ from replay.runtime.sampler import SamplerChain, post_sampling
 from replay.schedule.memory import SlotMemory
 from replay.schedule.prefix import FRESH, Prefix
 from replay.schedule.prompt import NO_SPANS, MessageSpans
+from replay.schedule.rows import threads_for
 from replay.settings.sampling import Effective
 from replay.transcripts.plan import Gap, Known, PlanItem
 
@@ -89,7 +90,8 @@ class PieceIndex:
 
 
 def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, prefix: Prefix = FRESH,
-         spans: MessageSpans = NO_SPANS, pieces: PieceIndex | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
+         spans: MessageSpans = NO_SPANS, pieces: PieceIndex | None = None,
+         scored: Sequence[str | None] | None = None) -> Iterator[tuple[int, int, PlanItem, np.ndarray]]:
     """Yield (index, token id, plan item, logits that scored it) for every generated token.
 
     The logits are a view of libllama's buffer, valid until the generator is resumed: read them
@@ -99,8 +101,20 @@ def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, p
     resolved one token at a time, each step taking, among the tokens whose bytes continue the
     gap, the one the target ranks highest (pieces with the same bytes are told apart by the
     model's own distribution).
+
+    `scored` (schedule/rows.py scored_by, one per plan item) says which decode computed each item's
+    values on the server: the row that scores an item is decoded with the server's threads where the
+    server decoded it alone, with one thread where a verify batch computed it (the batch row, bit for
+    bit); None: every row alone, the unspeculated server's schedule.
     """
     ctx = slot.ctx
+    ctx.single_row_threads(ctx.threads)  # the prompt's last batch may be one row: the server's -t
+    kinds = list(scored) if scored is not None else [None] * len(plan)
+
+    def decode_row(tok: int, pos: int, kind: str | None) -> None:
+        ctx.single_row_threads(threads_for(kind, ctx.threads))
+        ctx.decode([tok], pos, [True])
+
     n_prompt = len(prompt)
     _check_room(ctx, positions_needed(n_prompt, plan), at_least=any(isinstance(i, Gap) for i in plan))
     slot.start(prompt, prefix, spans)
@@ -127,7 +141,7 @@ def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, p
             index += 1
             if gap_rest is not None or i < len(items):
                 _check_room(ctx, pos + 1)
-                ctx.decode([tok], pos, [True])
+                decode_row(tok, pos, kinds[i - 1] if gap_rest is not None else kinds[i])
                 pos += 1
                 pending = ctx.logits_view(0)
             continue
@@ -146,7 +160,7 @@ def walk(slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], *, p
         i += 1
         if i < len(items):
             _check_room(ctx, pos + 1)
-            ctx.decode([item.id], pos, [True])
+            decode_row(item.id, pos, kinds[i])
             pos += 1
             pending = ctx.logits_view(0)
 
@@ -189,7 +203,7 @@ def stateful_sampler(params) -> str | None:
 def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence[PlanItem], settings: Effective,
            n_top: int, *, post: bool, pieces: PieceIndex | None = None,
            prefix: Prefix = FRESH, spans: MessageSpans = NO_SPANS, suppress_tokens: bool = True,
-           single_draw: bool = True) -> Iterator[Truth]:
+           single_draw: bool = True, scored: Sequence[str | None] | None = None) -> Iterator[Truth]:
     """The true probabilities of every generated token, in order.
 
     `post` also runs the target sampler chain (prompt fed to its history, each
@@ -204,7 +218,8 @@ def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence
     try:
         if chain is not None:
             chain.accept_prompt(prompt)
-        for index, tok, item, logits in walk(slot, prompt, plan, prefix=prefix, spans=spans, pieces=pieces):
+        for index, tok, item, logits in walk(slot, prompt, plan, prefix=prefix, spans=spans, pieces=pieces,
+                                             scored=scored):
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")

@@ -186,6 +186,14 @@ class RecoverResult:
             short += f"; record {r.cpu['record'] + 1} matched other kernels: recover this one separately"
             why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
                     "may come from another machine (recover it separately)")
+        threads = (r.schedule or {}).get("threads") or {}
+        split = ((r.schedule or {}).get("rows") or {}).get("alone_split", 0)
+        if not beyond and t.index > 0 and split and threads.get("source") == "default":
+            short = (f"the server's -t? {split} real value(s) came from one-token decodes past 256 positions, "
+                     f"which its thread count changes: give --threads N ({threads.get('value')} assumed)")
+            why += (f"; {split} of its real values came from one-token decodes over 512 KV cells or more, which "
+                    "ggml-cpu splits by thread (the values depend on the server's -t), and the transcript does "
+                    f"not record -t: {threads.get('value')} was assumed; give --threads N, the server's")
         # beyond what numerics explain, no cache or tolerance hint would make it right: the model line stands
         if not beyond and r.prefix == "server cache":
             short = "its values depend on the server's prompt cache: keep the file in request order, one slot"

@@ -16,7 +16,6 @@ task's, once per process (EngineChoice.apply).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -79,9 +78,3 @@ def _dir_of(choice: LibChoice) -> Path | None:
     """The directory whose CPU variants a library choice loads: the one it names, as given."""
     lib = library_file(Path(choice.path).absolute()) if choice.path is not None else None
     return lib.parent if lib is not None else None
-
-
-def for_workers(engine: EngineChoice, threads: int | None) -> EngineChoice:
-    """The engine each of a run's worker processes applies: the driver's, with its share of the cores as
-    -t where none was given."""
-    return engine if threads is None or engine.threads else replace(engine, threads=threads)

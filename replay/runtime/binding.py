@@ -44,7 +44,7 @@ FUNCTIONS = (
     "llama_model_meta_val_str", "llama_model_chat_template", "llama_model_desc", "llama_model_size",
     "llama_model_n_params",
     "llama_context_default_params", "llama_init_from_model", "llama_free", "llama_n_ctx", "llama_n_ubatch",
-    "llama_decode", "llama_get_logits_ith", "llama_get_memory", "llama_memory_clear", "llama_memory_seq_rm",
+    "llama_decode", "llama_set_n_threads", "llama_get_logits_ith", "llama_get_memory", "llama_memory_clear", "llama_memory_seq_rm",
     "llama_memory_seq_pos_min", "llama_memory_seq_pos_max", "llama_model_n_swa",
     "llama_batch_init", "llama_batch_free",
     "llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext", "llama_state_seq_set_data_ext",

@@ -318,7 +318,7 @@ class Context(_Owner):
     `-t`)."""
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
-                 n_threads: int = 2, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
+                 n_threads: int = 2, n_threads_batch: int | None = None, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
                  swa_full: bool = False, n_seq_max: int = 1, kv_unified: bool = False):
         self.model = model
         self.n_decodes = 0  # llama_decode calls that succeeded, and the batch rows they decoded
@@ -330,7 +330,15 @@ class Context(_Owner):
         # min(n_ctx, n_swa * n_seq_max + n_ubatch) cells (src/llama-kv-cache-iswa.cpp:73)
         p.n_seq_max = n_seq_max
         p.kv_unified = kv_unified
-        p.n_threads = p.n_threads_batch = n_threads
+        # llama_context::graph_compute (src/llama-context.cpp:2612) runs a one-token decode on n_threads and
+        # a batch of two rows or more on n_threads_batch (llama-server: -t and -tb, -tb defaulting to -t). A
+        # batch's values do not depend on its thread count (each output summed in one order), a one-token
+        # decode's do (single_row_threads): the server's -t for those, `n_threads_batch` (None: the same)
+        # only sets the speed of batches
+        p.n_threads = n_threads
+        p.n_threads_batch = n_threads_batch or n_threads
+        self.threads = self.n_threads = n_threads  # threads: as made (the server's -t)
+        self._threads_batch = p.n_threads_batch
         p.flash_attn_type = FLASH_ATTN[flash_attn]
         p.type_k, p.type_v = GGML_CACHE_TYPES[type_k], GGML_CACHE_TYPES[type_v]
         p.swa_full = swa_full
@@ -382,6 +390,18 @@ class Context(_Owner):
                 self.kv_tokens[pos0:] = tokens
             else:
                 self.kv_tokens = []
+
+    def single_row_threads(self, n: int) -> None:
+        """The threads of the next one-token decodes (llama_set_n_threads; batches keep theirs).
+
+        One token decoded alone over 512 KV cells or more takes ggml-cpu's split-KV flash-attention path
+        (ggml/src/ggml-cpu/ops.cpp:9489 use_split_kv_path: one query row, f16/f32 KV, nek1 >= 512), which
+        sums the KV in one chunk per thread (:9492 chunk_size = ceil(nek1 / nth)): its values depend on
+        the thread count. With one thread it is a single chunk, bit for bit the row a batch of two rows
+        or more computes at any thread count (the non-split path): what a verify batch computed."""
+        if n != self.n_threads:
+            L.llama_set_n_threads(self.ptr, n, self._threads_batch)
+            self.n_threads = n
 
     def logits(self, i: int) -> np.ndarray:
         """A copy of the logits of output row `i` of the last batch (-1 = last), float32 [n_vocab]."""

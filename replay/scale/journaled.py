@@ -18,13 +18,12 @@ from replay.errors import Exit, SpecReplayError, UsageError
 from replay.report.outputs import write_page, write_report
 from replay.report.recovery import RecoverResult
 from replay.report.repair import jsonl_line
-from replay.run.engine import for_workers
 from replay.run.inputs import Inputs, Outputs
 from replay.run.recover import RecoverTask
 from replay.run.task import Done
 from replay.runtime.engine import EngineChoice
 from replay.scale.ordered import InOrder, run_units
-from replay.scale.worker import Job, default_threads
+from replay.scale.worker import Job
 from replay.transcripts.chains import plan_units
 from replay.transcripts.journal import Journal
 
@@ -69,8 +68,7 @@ def recover_journaled(inputs: Inputs, engine: EngineChoice, task: RecoverTask, o
     finished = set(range(done)) | set(journal.ahead)
     units = plan_units(records, finished)
     parallel = workers > 1 or ray_address is not None
-    threads = None if task.flags.get("threads") or not parallel or ray_address else default_threads(workers)
-    job = Job(inputs, for_workers(engine, threads), task)
+    job = Job(inputs, engine, task)  # the server's -t is a value setting, not a worker's share of the cores
     writer = InOrder(journal, done)
     results: list[Done] = []
     failed: list[Done] = []

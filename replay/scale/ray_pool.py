@@ -17,13 +17,12 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from replay.errors import SpecReplayError, WorkerDied
 from replay.paths import sha256_file
-from replay.run.engine import for_workers
 from replay.run.task import Done
 from replay.scale.worker import Evaluator, Job
 from replay.transcripts.chains import Unit
@@ -102,8 +101,7 @@ def run_ray(job: Job, units: Sequence[Unit], workers: int, address: str,
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise SpecReplayError(f"cannot reach the Ray cluster at {address!r}: {str(e).splitlines()[0]}") from None
     try:
-        one = replace(job, engine=for_workers(job.engine, job.engine.flags(job.task.flags).get("threads") or 1))
-        _Scheduler(ray, one, units, on_event).run(workers)
+        _Scheduler(ray, job, units, on_event).run(workers)
     finally:
         ray.shutdown()
 
@@ -125,7 +123,7 @@ class _Scheduler:
 
     def __init__(self, ray, job: Job, units: Sequence[Unit], on_event: Callable[[str, object], None]):
         self.ray, self.job, self.on_event = ray, job, on_event
-        self.Actor = ray.remote(num_cpus=job.engine.threads, max_restarts=0, max_task_retries=0)(RayEvaluator)
+        self.Actor = ray.remote(num_cpus=job.engine.flags(job.task.flags).get("threads") or 1, max_restarts=0, max_task_retries=0)(RayEvaluator)
         self.units = dict(enumerate(units))
         self.todo = list(self.units)
         self.running: dict[object, _Call] = {}

@@ -7,7 +7,6 @@ the task (run/recover.py, run/trace.py, run/tune.py), which says what an item is
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -56,9 +55,3 @@ class Evaluator:
 
     def close(self) -> None:
         self.session.close()
-
-
-def default_threads(workers: int) -> int:
-    """Threads per evaluator when -t is not given: this machine's cores shared out."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, workers))

@@ -22,7 +22,7 @@ from replay.errors import ModelError, TranscriptError
 from replay.runtime.llama import Context, Model
 from replay.schedule.prefix import Prefix
 from replay.schedule.prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
-from replay.settings.config import context_size, kv_layout, thread_count
+from replay.settings.config import context_size, host_cores, kv_layout, thread_count
 
 
 @dataclass
@@ -98,6 +98,7 @@ class SlotConfig:
         """A context for `model` made as the server makes the slot's; the draft model's takes its own KV
         types (-ctkd/-ctvd: common_base_params_to_speculative, common/speculative.cpp:2527-2560)."""
         return Context(model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_threads=self.threads,
+                       n_threads_batch=host_cores(),
                        flash_attn=self.flash_attn, type_k=type_k or self.type_k, type_v=type_v or self.type_v,
                        swa_full=self.swa_full, n_seq_max=self.n_seq_max, kv_unified=self.kv_unified)
 

@@ -13,6 +13,7 @@ more layers (the request, the model file): settings/sampling.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping
 
 from replay.settings.table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
@@ -32,6 +33,22 @@ def context_size(cfg: Any) -> int:
     (2048, 4096)
     """
     return cfg.n_ctx or DEFAULT_N_CTX
+
+
+_BATCH_THREADS: list[int] = []  # set_batch_threads: a process's share of the cores, where it has one
+
+
+def set_batch_threads(n: int | None) -> None:
+    """This process's share of the cores for its batches (a kernel probe among others), None: all."""
+    _BATCH_THREADS[:] = [n] if n else []
+
+
+def host_cores() -> int:
+    """The threads of the replay's batches, whose values do not depend on their thread count (a
+    one-token decode's do: thread_count): the cores this process may run on, or its share of them."""
+    if _BATCH_THREADS:
+        return _BATCH_THREADS[0]
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def thread_count(cfg: Any) -> int:

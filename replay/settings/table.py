@@ -223,7 +223,8 @@ SETTINGS: tuple[Setting, ...] = (
             "bypass the host buffer so extra buffer types can be used (changes where weights live, so kernels)",
             transcript="no_host", source="common/arg.cpp:2433"),
     Setting("--threads", "threads", "context", "int", -1,
-            "CPU threads (-1: all cores; values do not depend on it)", aliases=("-t",), metavar="N",
+            "CPU threads of one-token decodes (-1: all cores); past 256 positions they change values "
+            "(flash attention splits the KV by thread): the replay decodes with the server's, 2 when unknown", aliases=("-t",), metavar="N",
             transcript="threads", source="common/arg.cpp:1520"),
     Setting("--parallel", "n_parallel", "context", "int", -1, "server slots (-1: auto, 4 with a unified KV cache)",
             aliases=("-np",), metavar="N", transcript="n_parallel", props="total_slots",

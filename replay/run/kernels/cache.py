@@ -16,9 +16,10 @@ from replay.run.kernels.types import DECODES, Candidate, Probe, ProbeJob
 # the recover options a witness's values depend on (commands/recover.py RecoverOptions): the loop
 # shape's build and source, the decode schedule
 PROBE_OPTIONS = ("build", "source")
-# flags that change no value ggml's CPU kernels compute (each output row is one thread's, summed in one
-# order: tests/test_workers.py, values do not depend on the thread count)
-THREAD_FLAGS = ("threads", "threads_batch")
+# flags that change no value ggml's CPU kernels compute: batches of two rows or more sum each output in
+# one order at any thread count. -t does (a one-token decode over 512 KV cells or more splits the KV
+# sum by thread: schedule/rows.py), so it is part of a probe's key.
+THREAD_FLAGS = ("threads_batch",)
 
 
 def probe_key(job: ProbeJob, indices: Sequence[int], candidate: Candidate, *, until_exact: float | None,

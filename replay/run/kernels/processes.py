@@ -30,9 +30,12 @@ from replay.run.kernels.types import DECODES, Candidate, Outcome, Probe, ProbeJo
 from replay.transcripts.readers import Record
 
 
-def _child_init(libllama: str | None, variant: str) -> None:  # pragma: no cover - runs in the child
-    """Tell the probe's own process its library and variant before anything loads one."""
+def _child_init(libllama: str | None, variant: str, share: int | None = None) -> None:  # pragma: no cover
+    """Tell the probe's own process its library and variant before anything loads one, and its share
+    of the cores for batches (probes run side by side)."""
     from replay.runtime import binding
+    from replay.settings.config import set_batch_threads
+    set_batch_threads(share)
     binding.use_libllama(binding.LibChoice(Path(libllama) if libllama else None, "the probe's"))
     binding.use_cpu_variant(variant)
 
@@ -130,19 +133,22 @@ def _context():
     return ctx
 
 
+_SHARE: list[int | None] = [None]  # the cores each probe process running now may use for batches (_Prober)
+
+
 def _in_child(libllama: Path | None, variant: str, fn: Callable, args: tuple, failed: Callable[[], list]):
     """`fn(*args)` in a process of its own that loads `variant`; `failed()` when that process dies."""
     try:
         with cf.ProcessPoolExecutor(1, mp_context=_context(), initializer=_child_init,
-                                    initargs=(str(libllama) if libllama else None, variant)) as pool:
+                                    initargs=(str(libllama) if libllama else None, variant, _SHARE[0])) as pool:
             return pool.submit(fn, *args).result()
     except cf.process.BrokenProcessPool:
         return failed()
 
 
 def parallel_probes(n_tasks: int) -> tuple[int, int | None]:
-    """(probes run at once, threads each): one per core (at most 4), each on one thread, since a CPU
-    backend's values do not depend on its thread count (tests/test_workers.py); one probe on every core
+    """(probes run at once, threads each): one per core (at most 4), each with its share of the cores
+    (the speed of its batches; its one-token decodes keep the server's -t); one probe on every core
     when there is one to run or one core.
 
     >>> parallel_probes(1), parallel_probes(0)
@@ -226,9 +232,10 @@ class _Prober:
         return out
 
     def _threaded(self, n_variants: int) -> ProbeJob:
-        """The job with each probe's share of the cores as its -t (values do not depend on it)."""
-        threads = parallel_probes(n_variants)[1]
-        return self.job if threads is None else replace(self.job, flags={**self.job.flags, "threads": threads})
+        """The job each probe evaluates: the transcript's own -t stays, since a one-token decode's values
+        depend on it past 256 positions (schedule/rows.py); its batches run on its share of the cores."""
+        _SHARE[0] = parallel_probes(n_variants)[1]
+        return self.job
 
 
 def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices: Sequence[int], *,

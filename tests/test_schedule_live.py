@@ -1,0 +1,126 @@
+"""recover on the server's own schedule, past 256 positions: the values of the patched server, bit for bit.
+
+The truth here is not an unspeculated server: it is the same b11434 build patched by
+`spec-replay patch` (it reports the values its speculative loop computed), sent the same request with
+the same flags. Its tokens are the unpatched server's. Each prompt is 1,000 tokens or more, so every
+token after the first is computed over 512 KV cells or more, where a one-token decode splits the KV
+sum by thread (ggml-cpu ops.cpp:9489-9492) and a verify batch does not: a replay that decoded every
+token alone with its own threads (the schedule before schedule/rows.py) is 0.1-0.45 nats off on most
+placeholders (measured on the first case: 63 of 64 values over 5e-4, max 0.452).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli_helpers import one_error, run
+from replay.commands.record import RequestItem, record_one
+from replay.llamacpp.build import BuildSpec, ensure_built
+from replay.llamacpp.process import LlamaServer, ServerConfig
+from replay.proof.patch_proof import pinned_tree, saved_patch
+from replay.proof.patches import server_patch
+from replay.transcripts.entries import record_entries
+from replay.transcripts.format import dumps
+from replay.transcripts.readers import read_text
+
+pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
+
+STORY = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
+         "in his book. ")
+TEXT = STORY * 45 + "Retell the story in your own words."  # 1,170 prompt tokens in the chat template
+
+
+@pytest.fixture(scope="module")
+def patched(b11434):
+    return ensure_built(BuildSpec("b11434", patch=saved_patch(server_patch(pinned_tree("b11434")).diff,
+                                                              "server-b11434")))
+
+
+def _item(endpoint: str, temp: float) -> RequestItem:
+    if endpoint == "chat":
+        return RequestItem("/v1/chat/completions", {"messages": [{"role": "user", "content": TEXT}], "max_tokens": 48,
+                                                    "logprobs": True, "top_logprobs": 2, "temperature": temp,
+                                                    "seed": 3})
+    body = {"prompt": TEXT, "n_predict": 48, "n_probs": 2, "temperature": temp, "seed": 3, "ignore_eos": True}
+    if endpoint == "post":
+        body["post_sampling_probs"] = True
+    return RequestItem("/completion", body)
+
+
+def _pair(b11434, patched, cfg: ServerConfig, item: RequestItem) -> tuple[dict, dict]:
+    """(the unpatched server's transcript, the patched server's) of one request, each on a fresh server."""
+    out = []
+    for binary in (b11434.server, patched.server):
+        with LlamaServer(cfg, binary=binary) as srv:
+            out.append(record_one(srv.url, item, srv.config.flags_block()))
+    return out[0], out[1]
+
+
+def _recover(t: dict, model, tmp_path, *args) -> tuple[dict, dict]:
+    src, out = tmp_path / "t.json", tmp_path / "t.repaired.json"
+    src.write_text(dumps(t))
+    r = run("recover", src, "-m", model, "-o", out, "--force", "--json", *args)
+    assert r.exit_code == 0, r.output[-3000:]
+    return json.loads(r.stdout)["records"][0], json.loads(out.read_text())
+
+
+def _max_diff(fixed: dict, truth: dict) -> tuple[float, int]:
+    """(max |repaired - patched| over every value of every entry, entries compared)."""
+    a = record_entries(read_text(json.dumps(fixed), "repaired")[0])
+    b = record_entries(read_text(json.dumps(truth), "patched")[0])
+    assert [e.id for e in a] == [e.id for e in b]
+    worst = 0.0
+    for x, y in zip(a, b):
+        assert [u[0] for u in x.top] == [v[0] for v in y.top]
+        worst = max([worst, abs(x.logprob - y.logprob)] + [abs(u[2] - v[2]) for u, v in zip(x.top, y.top)])
+    return worst, len(a)
+
+
+CASES = {  # id: (server flags beyond the model and the draft, endpoint, temperature)
+    "draft-chat-t0-4-slots": ({"n_parallel": -1}, "chat", 0.0),
+    "draft-chat-t1-4-slots": ({"n_parallel": -1}, "chat", 1.0),
+    "draft-post-t1-4-slots": ({"n_parallel": -1}, "post", 1.0),
+    "draft-completion-t1-threads-4": ({"n_parallel": -1, "threads": 4}, "completion", 1.0),
+    "draft-chat-t0-threads-1": ({"threads": 1}, "chat", 0.0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_recovered_values_are_the_patched_servers_on_long_prompts(case, b11434, patched, smollm2, smollm2_draft,
+                                                                   tmp_path):
+    flags, endpoint, temp = CASES[case]
+    cfg = ServerConfig(smollm2, n_ctx=4096, draft_model=smollm2_draft, spec_types=("draft-simple",), **flags)
+    plain, truth = _pair(b11434, patched, cfg, _item(endpoint, temp))
+    rep, fixed = _recover(plain, smollm2, tmp_path)
+    c = rep["summary"]["counts"]
+    assert rep["prompt_tokens"] >= 1000 and c["placeholder"] + c["missing"] >= 20 and c["mismatch"] == 0, c
+    assert rep["numerics"]["cause"] is None, rep["numerics"]  # a lone request: no lenient judgement
+    rows = rep["schedule"]["rows"]
+    assert rows["batched"] >= 20 and rep["schedule"]["threads"]["value"] == flags.get("threads", 2)
+    worst, n = _max_diff(fixed, truth)
+    print(f"\n{case}: {rep['prompt_tokens']} prompt tokens, rows {rows}; max |recovered - patched| {worst:.3g} "
+          f"over {n} entries")
+    assert worst == 0.0, worst
+
+
+def test_an_unrecorded_thread_count_that_matters_is_asked_for_then_exact(b11434, patched, smollm2, tmp_path):
+    """A bare SDK dump from a -t 4 server (no flags block): its real entries after the first come from
+    one-token decodes past 256 positions, whose values -t changes. recover assumes 2, finds them off, and
+    says in one line to give --threads; given it, the values are the patched server's."""
+    cfg = ServerConfig(smollm2, n_ctx=4096, threads=4, spec_types=("ngram-mod",))
+    copy = STORY * 40 + "Repeat the text above exactly:\n\n" + STORY * 3
+    plain, truth = _pair(b11434, patched, cfg, RequestItem("/completion", {"prompt": copy, "n_predict": 64,
+                                                                             "n_probs": 2, "temperature": 0.0}))
+    rows_real = [e for e in record_entries(read_text(json.dumps(plain), "p")[0])[1:] if not e.is_placeholder]
+    assert rows_real, "the n-gram drafter drafted every step: no one-token decode to tell -t by"
+    bare = {k: v for k, v in plain.items() if k != "server"}
+    bare["server"] = {k: v for k, v in plain["server"].items() if k != "flags"}
+    src = tmp_path / "bare.json"
+    src.write_text(dumps(bare))
+    line = one_error(run("recover", src, "-m", smollm2, "-o", tmp_path / "x.json", "--json"))
+    assert "the server's -t?" in line and "give --threads N (2 assumed)" in line, line
+    rep, fixed = _recover(bare, smollm2, tmp_path, "--threads", "4")
+    worst, n = _max_diff(fixed, truth)
+    print(f"\nngram-mod -t 4, bare: rows {rep['schedule']['rows']}; max |recovered - patched| {worst:.3g} over {n}")
+    assert worst == 0.0, worst

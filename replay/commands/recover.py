@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from replay.comparison.values import (
     BATCH_BOUND,
+    CHECKPOINT_DRIFT,
     DEFAULT_TOLERANCE,
     TokenReport,
     compare,
@@ -37,7 +38,7 @@ from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.schedule.rows import row_counts, scored_by
+from replay.schedule.rows import row_counts, scored_by, split_kv
 from replay.settings import BY_ATTR
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
@@ -71,6 +72,9 @@ class Evaluated:
     prefix: Prefix
     schedule: dict
     kv_after: int
+    # the first token whose values are approximate (a checkpointing target's KV past 256 positions,
+    # comparison/values.py CHECKPOINT_DRIFT), None: every value is computed as the server computed it
+    approximate_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +168,7 @@ class Recoverer:
         before it made; the report is built once, at the end."""
         read = self._read(rec)
         run = self._evaluate(read)
-        outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative)
+        outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative, run.approximate_from)
         backend = server_backend(self._flags_as_spelled(rec), self.options.server_backend)
         kernels = kernels_differ(backend, self.backend)
         cpu = self.kernels
@@ -176,6 +180,11 @@ class Recoverer:
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         tokens = [o.report for o in outcomes]
         notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else [])
+        if run.approximate_from is not None:
+            notes.append(f"values from token {run.approximate_from} on are approximate (within {CHECKPOINT_DRIFT} "
+                         "nats measured): this target verifies drafts from checkpoints (its memory cannot drop a "
+                         "suffix), and the server rewrote the KV of accepted tokens in batches the transcript does "
+                         "not show; spec-replay trace with the draft model replays them")
         if batched:
             worst = max((abs(t.server_logprob - t.true_logprob) for t in tokens
                          if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
@@ -257,7 +266,11 @@ class Recoverer:
         rows = row_counts([kinds.get(id(t.item)) for t in evaluated], len(prompt))
         schedule = {**schedule_of(slot, spans), "rows": rows,
                     "threads": {"value": ctx.threads, "source": read.context.sources.get("threads", "default")}}
-        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens))
+        approx = next((k for k in range(1, len(evaluated)) if split_kv(len(prompt) + k - 1)), None) \
+            if slot.rules.enabled and rows["batched"] else None
+        if approx is not None:
+            schedule["approximate_from"] = approx
+        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx)
 
     def _scored(self, rec: Record, read: ReadRecord) -> list[str | None]:
         """Which decode computed each plan item's values on the server (schedule/rows.py): from the
@@ -266,7 +279,7 @@ class Recoverer:
                          server_values, read.n_probs)
 
     def _compare(self, rec: Record, evaluated: list[Truth], post: bool, n_probs: int,
-                 speculative: bool) -> list[Outcome]:
+                 speculative: bool, approximate_from: int | None = None) -> list[Outcome]:
         """Pair every truth with the server's entry it owns and compare them. A Gap's tokens share its
         place: only its last token owns an entry there (an id-less entry), the others are inserted before."""
         last_of_item = {id(t.item): k for k, t in enumerate(evaluated)}
@@ -277,7 +290,8 @@ class Recoverer:
             entry = entry_at(rec, place) if owns else None
             reason = t.item.reason if isinstance(t.item, Gap) else (place.reason or "the server sent no entry for this token")
             report = compare(t, entry, post=post, n_probs=n_probs, tolerance=self.options.tolerance,
-                             speculative=speculative, piece=self.text, missing_reason=reason)
+                             speculative=speculative, piece=self.text, missing_reason=reason,
+                             approximate_from=approximate_from)
             outcomes.append(Outcome(t, place, owns, report))
         return outcomes
 

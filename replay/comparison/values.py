@@ -48,6 +48,14 @@ class TokenReport:
 
 
 DEFAULT_TOLERANCE = 5e-4
+# A target whose memory cannot drop a suffix (Gemma 3's sliding window, recurrent and hybrid models)
+# verifies a draft the server partly accepts by restoring a checkpoint and decoding the accepted tokens
+# again (server-context.cpp:4276-4305): the KV of those tokens comes from batches (one row, at times)
+# the transcript does not show, which past 256 positions change values (schedule/rows.py). Until
+# recover replays that loop, such a record's values from there on are approximate: real entries are
+# judged within this bound (measured on Gemma 3 270M with its draft: up to 0.29 nats on a
+# low-probability alternative, tests/test_gemma.py) and the report says so.
+CHECKPOINT_DRIFT = 0.3
 # A server with several slots decodes a request in batches shared with other requests, which changes
 # the CPU kernels and the KV layout: its real values then differ from a one-request evaluation.
 # Measured on SmolLM2 Q4_1 (b11434, -np auto = 4 slots, 4 concurrent requests at a time, 36
@@ -86,6 +94,39 @@ def tops_agree(server: list[tuple[int | None, float]], true: list[tuple[int, flo
         for (si, slp), (ti, tlp) in zip(server, true))
 
 
+def tops_near(server: list[tuple[int | None, float]], true: list[tuple[int, float]], drift: float) -> bool:
+    """The looser rule for an entry past 256 positions of a target that verifies drafts from checkpoints
+    (CHECKPOINT_DRIFT): every id both lists hold has logprobs within `drift` (so
+    near-tied entries may be listed in another order), and the lists hold the same ids but for at most
+    one at the boundary, the last of each list of two or more, the two boundary values within `drift`.
+
+    >>> tops_near([(1, -0.1), (3, -2.6)], [(1, -0.1), (2, -2.5)], 0.3)   # a near-tie at the cut
+    True
+    >>> tops_near([(1, -0.94), (2, -2.34), (3, -2.36)], [(1, -1.0), (3, -2.21), (2, -2.28)], 0.3)  # swapped
+    True
+    >>> tops_near([(1, -0.1), (3, -3.6)], [(1, -0.1), (2, -2.5)], 0.3)   # not near: another entry
+    False
+    >>> tops_near([(3, -0.7)], [(2, -0.7)], 0.3)
+    False
+    >>> tops_near([(1, -0.1), (2, -2.9)], [(1, -0.1), (2, -2.5)], 0.3)   # the same ids, too far apart
+    False
+    """
+    if len(server) != len(true) or not server:
+        return False
+
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= drift if math.isfinite(a) and math.isfinite(b) else a == b
+    theirs, ours = dict(server), dict(true)
+    if not all(near(v, ours[i]) for i, v in theirs.items() if i in ours):
+        return False
+    only_theirs = [i for i, _ in server if i not in ours]
+    only_ours = [i for i, _ in true if i not in theirs]
+    if not only_theirs and not only_ours:
+        return True
+    return (len(server) >= 2 and only_theirs == [server[-1][0]] and only_ours == [true[-1][0]]
+            and near(server[-1][1], true[-1][1]))
+
+
 def server_values(e: dict) -> tuple[float, list[tuple[int | None, float]]]:
     """(logprob, top-N (id, logprob)) of an entry the server sent, in either mode (parse_entry)."""
     sent = parse_entry(e)
@@ -105,7 +146,7 @@ def _finite(x: float) -> float | None:
 
 
 def compare(t: Truth, entry: dict | None, *, post: bool, n_probs: int, tolerance: float, speculative: bool,
-            piece: Callable[[int], str], missing_reason: str) -> TokenReport:
+            piece: Callable[[int], str], missing_reason: str, approximate_from: int | None = None) -> TokenReport:
     """Classify one token (the statuses above). `entry` is the server's entry for it (None: it
     sent none; `missing_reason` says why); `speculative`: the server ran its speculative loop."""
     true_lp, true_top = true_values(t, post)
@@ -128,6 +169,11 @@ def compare(t: Truth, entry: dict | None, *, post: bool, n_probs: int, tolerance
     ids_differ = [s for s, _ in server_top] != [i for i, _ in true_top[:len(server_top)]] or not listed
     note = "" if status == "ok" else (f"|diff| {diff:.2e}" + ("; top ids differ" if ids_differ else
                                                               "; top logprobs differ"))
+    if status == "mismatch" and approximate_from is not None and t.index >= approximate_from and listed and \
+            diff <= CHECKPOINT_DRIFT and tops_near(server_top, true_top[:len(server_top)], CHECKPOINT_DRIFT):
+        status = "ok"
+        note = (f"|diff| {diff:.2e}: approximate, the server rewrote this record's KV from checkpoints in batches "
+                "the transcript does not show (kept as sent)")
     return TokenReport(t.index, t.id, text, server_lp, _finite(true_lp), status, top_json, note=note,
                        real_pairs=pairs)
 

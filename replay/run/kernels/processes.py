@@ -133,14 +133,13 @@ def _context():
     return ctx
 
 
-_SHARE: list[int | None] = [None]  # the cores each probe process running now may use for batches (_Prober)
-
-
-def _in_child(libllama: Path | None, variant: str, fn: Callable, args: tuple, failed: Callable[[], list]):
-    """`fn(*args)` in a process of its own that loads `variant`; `failed()` when that process dies."""
+def _in_child(libllama: Path | None, variant: str, share: int | None, fn: Callable, args: tuple,
+              failed: Callable[[], list]):
+    """`fn(*args)` in a process of its own that loads `variant`, its batches on `share` cores (None: all;
+    its one-token decodes keep the server's -t); `failed()` when that process dies."""
     try:
         with cf.ProcessPoolExecutor(1, mp_context=_context(), initializer=_child_init,
-                                    initargs=(str(libllama) if libllama else None, variant, _SHARE[0])) as pool:
+                                    initargs=(str(libllama) if libllama else None, variant, share)) as pool:
             return pool.submit(fn, *args).result()
     except cf.process.BrokenProcessPool:
         return failed()
@@ -177,8 +176,8 @@ class _Prober:
         per variant, parallel_probes of them at a time. With several witnesses, in waves: once a candidate
         matched one within until_exact, the waves after it evaluate that one only."""
         variants = list(dict.fromkeys(c.variant for c in cands))
-        job = self._threaded(len(variants))
-        at_once = parallel_probes(len(variants))[0]
+        job = self.job
+        at_once, share = parallel_probes(len(variants))
         probes: dict[Candidate, Probe] = {}
         seen: list[Witnessed] = []
         indices = self.indices
@@ -199,8 +198,8 @@ class _Prober:
                     args = (job, list(indices), v, self.until_exact, [c.repack for c in todo], decodes)
                     fail = (lambda todo=todo, indices=indices: [Outcome(indices[0], c.repack,
                                                                         error="the worker process died") for c in todo])
-                    jobs[v] = (mine, keys, kept, pool.submit(_in_child, self.job.libllama, v, _child_probe, args, fail)
-                               if todo else None)
+                    jobs[v] = (mine, keys, kept, pool.submit(_in_child, self.job.libllama, v, share, _child_probe,
+                                                             args, fail) if todo else None)
                 for v in wave:
                     mine, keys, kept, future = jobs[v]
                     got: list[Outcome] = future.result() if future is not None else []
@@ -219,10 +218,11 @@ class _Prober:
         """The kernel signatures of the members of `groups` (a process per variant, in waves)."""
         members = [c for g in groups for c in g]
         variants = list(dict.fromkeys(c.variant for c in members))
-        job = self._threaded(len(variants))
+        job = self.job
+        at_once, share = parallel_probes(len(variants))
         out: dict[Candidate, str | None] = {}
-        with cf.ThreadPoolExecutor(parallel_probes(len(variants))[0]) as pool:
-            futures = {v: pool.submit(_in_child, self.job.libllama, v, _child_signatures,
+        with cf.ThreadPoolExecutor(at_once) as pool:
+            futures = {v: pool.submit(_in_child, self.job.libllama, v, share, _child_signatures,
                                       (job, self.indices[0], v, [c.repack for c in members if c.variant == v]),
                                       lambda v=v: [(c.repack, None) for c in members if c.variant == v])
                        for v in variants}
@@ -231,11 +231,6 @@ class _Prober:
                     out[Candidate(v, repack)] = sig
         return out
 
-    def _threaded(self, n_variants: int) -> ProbeJob:
-        """The job each probe evaluates: the transcript's own -t stays, since a one-token decode's values
-        depend on it past 256 positions (schedule/rows.py); its batches run on its share of the cores."""
-        _SHARE[0] = parallel_probes(n_variants)[1]
-        return self.job
 
 
 def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices: Sequence[int], *,

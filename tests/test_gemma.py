@@ -33,7 +33,8 @@ N_CTX = 4096
 # The real values a speculating server sends after its first token (sampled outside its loop) come
 # from KV its verify batches built: on Gemma 3 they differ from the unspeculated server's by up to
 # 0.29 nats (measured here: a low-probability alternative in the cache case), and trace, which
-# decodes those batches, gives them within 5e-4, and so does recover (schedule/rows.py).
+# decodes those batches, gives them within 5e-4; recover, which does not replay the checkpoint restores
+# of a target that cannot drop a suffix, labels them approximate past 256 positions (CHECKPOINT_DRIFT).
 KV_DRIFT = 0.3
 
 

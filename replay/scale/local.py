@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 from replay.errors import SpecReplayError, WorkerDied
 from replay.scale.worker import Evaluator, Job
+from replay.settings.config import host_cores, set_batch_threads
 from replay.transcripts.chains import Unit
 
 POLL_S = 0.5
@@ -35,11 +36,14 @@ def _die_with_parent() -> None:
         pass
 
 
-def _main(wid: int, job: Job, tasks, results, parent: int) -> None:  # pragma: no cover - runs in the child
+def _main(wid: int, job: Job, tasks, results, parent: int, share: int) -> None:  # pragma: no cover - runs in the child
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops us; no KeyboardInterrupt tracebacks
     _die_with_parent()
     if os.getppid() != parent:  # it died before we asked
         os._exit(1)
+    # this worker's share of the cores for its batches, whose values do not depend on their threads (the
+    # one-token decodes keep the server's -t, which does change values: settings/config.py thread_count)
+    set_batch_threads(share)
     current = None
     try:
         ev = Evaluator(job)
@@ -76,7 +80,8 @@ def run_local(job: Job, units: Sequence[Unit], workers: int, on_event: Callable[
     for _ in range(n):
         tasks.put(None)
     pipes = [ctx.Pipe(duplex=False) for _ in range(n)]  # (the driver's end, the worker's)
-    procs = [ctx.Process(target=_main, args=(wid, job, tasks, pipes[wid][1], os.getpid()), daemon=True,
+    share = max(1, host_cores() // n)
+    procs = [ctx.Process(target=_main, args=(wid, job, tasks, pipes[wid][1], os.getpid(), share), daemon=True,
                          name=f"spec-replay-worker-{wid}") for wid in range(n)]
     for p in procs:
         p.start()

@@ -20,8 +20,9 @@ from replay.settings.table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTING
 
 # A replay's context and threads where the server's were left to it: --ctx-size 0 (the model's
 # n_ctx_train, which a replay cannot afford) with no /props n_ctx in the transcript takes the old
-# server default; --threads -1 (all the server's cores) takes 2, the cores CI has. Threads change no
-# value on CPU (README, Numerics); the context only bounds what can be replayed.
+# server default; --threads -1 (all the server's cores) takes 2, the cores CI has. The threads of a
+# one-token decode over 512 KV cells or more change its values (docs/numerics.md; thread_count), those
+# of a batch do not (host_cores); the context only bounds what can be replayed.
 DEFAULT_N_CTX = 2048
 DEFAULT_THREADS = 2
 

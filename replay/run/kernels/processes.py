@@ -232,7 +232,6 @@ class _Prober:
         return out
 
 
-
 def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices: Sequence[int], *,
                    progress: Callable[[str, Probe], None] | None = None, until_exact: float | None = None,
                    cache: ProbeCache | None = None, context: dict | None = None) -> list[Probe]:

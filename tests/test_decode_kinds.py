@@ -74,3 +74,25 @@ def test_past_256_positions_each_token_is_computed_in_the_decode_the_server_comp
     assert np.array_equal(one_token[0], server[0])
     worst = max(float(np.abs(a - b).max()) for a, b in zip(one_token[1:5], server[1:5]))
     assert worst > 1e-3, f"every row alone on -t {SERVER_THREADS} should miss the verify batch's rows ({worst})"
+
+
+@pytest.mark.parametrize("server_threads", [1, 2, 4, 8])
+def test_the_servers_thread_count_is_told_from_one_decode_per_candidate(server_threads):
+    """A bare response does not say the server's -t; a real entry from a one-token decode past 256
+    positions does, through its values (evaluation/threads.py). Every count whose decode matches is
+    kept (its class); the server's own is among them, and the class is a small part of the candidates
+    (on this tiny model 16 and 32 share a class of 26, 6 one of two: classes are finer on real widths)."""
+    from replay.evaluation.threads import CANDIDATES, matching_threads
+    with Model(FIXTURES / "tiny-qwen3-q8_0-target.gguf") as model, \
+            Context(model, n_ctx=1024, n_threads=SERVER_THREADS, flash_attn="on") as ctx:
+        rng = np.random.default_rng(3)
+        prompt = [int(t) for t in rng.integers(1, model.n_vocab, 300)]
+        ctx.decode(prompt, 0)
+        ctx.single_row_threads(server_threads)
+        ctx.decode([5], len(prompt), [True])
+        sent = ctx.logits(0)
+        ctx.seq_rm(0, len(prompt))
+        ctx.single_row_threads(SERVER_THREADS)
+        found = matching_threads(ctx, 5, len(prompt), lambda row: np.array_equal(row, sent))
+        assert ctx.kv_tokens == prompt and ctx.n_threads == SERVER_THREADS
+    assert server_threads in found and len(found) < len(CANDIDATES) // 4, found

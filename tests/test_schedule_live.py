@@ -104,23 +104,48 @@ def test_recovered_values_are_the_patched_servers_on_long_prompts(case, b11434, 
     assert worst == 0.0, worst
 
 
-def test_an_unrecorded_thread_count_that_matters_is_asked_for_then_exact(b11434, patched, smollm2, tmp_path):
-    """A bare SDK dump from a -t 4 server (no flags block): its real entries after the first come from
-    one-token decodes past 256 positions, whose values -t changes. recover assumes 2, finds them off, and
-    says in one line to give --threads; given it, the values are the patched server's."""
+def _bare_pair(b11434, patched, smollm2, body: dict) -> tuple[dict, dict]:
+    """(a bare SDK dump: the response with no flags block, the patched server's transcript) of an n-gram
+    copy from a -t 4 server, whose real entries after the first came from one-token decodes past 256
+    positions (values -t changes)."""
     cfg = ServerConfig(smollm2, n_ctx=4096, threads=4, spec_types=("ngram-mod",))
     copy = STORY * 40 + "Repeat the text above exactly:\n\n" + STORY * 3
     plain, truth = _pair(b11434, patched, cfg, RequestItem("/completion", {"prompt": copy, "n_predict": 64,
-                                                                             "n_probs": 2, "temperature": 0.0}))
+                                                                             "n_probs": 2, "temperature": 0.0,
+                                                                             **body}))
     rows_real = [e for e in record_entries(read_text(json.dumps(plain), "p")[0])[1:] if not e.is_placeholder]
     assert rows_real, "the n-gram drafter drafted every step: no one-token decode to tell -t by"
     bare = {k: v for k, v in plain.items() if k != "server"}
     bare["server"] = {k: v for k, v in plain["server"].items() if k != "flags"}
+    return bare, truth
+
+
+def test_an_unrecorded_thread_count_is_found_from_the_servers_values_then_exact(b11434, patched, smollm2, tmp_path):
+    """recover assumes 2, finds its first one-token value past 256 positions off, decodes that row again
+    on each candidate count (evaluation/threads.py), takes the count that reproduces it and recovers the
+    record with it: the patched server's values, with no --threads given."""
+    bare, truth = _bare_pair(b11434, patched, smollm2, {})
+    rep, fixed = _recover(bare, smollm2, tmp_path)
+    threads = rep["schedule"]["threads"]
+    assert threads["source"] == "identified" and 4 in threads["candidates"], threads
+    worst, n = _max_diff(fixed, truth)
+    print(f"\nngram-mod -t 4, bare: rows {rep['schedule']['rows']}, threads {threads}; max |recovered - patched| "
+          f"{worst:.3g} over {n}")
+    assert worst == 0.0, worst
+
+
+def test_an_unrecorded_thread_count_under_post_sampling_values_is_asked_for_then_exact(b11434, patched, smollm2,
+                                                                                       tmp_path):
+    """Post-sampling values need the sampler chain's state to tell counts apart, which the one-row search
+    does not replay: recover says in one line to give --threads; given it, the values are the patched
+    server's."""
+    bare, truth = _bare_pair(b11434, patched, smollm2, {"post_sampling_probs": True})
     src = tmp_path / "bare.json"
     src.write_text(dumps(bare))
     line = one_error(run("recover", src, "-m", smollm2, "-o", tmp_path / "x.json", "--json"))
     assert "the server's -t?" in line and "give --threads N (2 assumed)" in line, line
     rep, fixed = _recover(bare, smollm2, tmp_path, "--threads", "4")
     worst, n = _max_diff(fixed, truth)
-    print(f"\nngram-mod -t 4, bare: rows {rep['schedule']['rows']}; max |recovered - patched| {worst:.3g} over {n}")
+    print(f"\nngram-mod -t 4, post, bare: rows {rep['schedule']['rows']}; max |recovered - patched| {worst:.3g} "
+          f"over {n}")
     assert worst == 0.0, worst

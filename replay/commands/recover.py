@@ -26,7 +26,9 @@ from replay.comparison.values import (
     server_values,
 )
 from replay.errors import Unaligned, located
+from replay.evaluation.threads import matching_threads
 from replay.evaluation.walk import PieceIndex, Truth, truths
+from replay.numerics.server_probs import pre_sampling
 from replay.reading.identity import ModelFacts
 from replay.reading.record import ReadRecord, read_record
 from replay.report.recovery import RecordReport, RecoverResult
@@ -38,7 +40,7 @@ from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.schedule.rows import row_counts, scored_by, split_kv
+from replay.schedule.rows import ALONE, row_counts, scored_by, split_kv
 from replay.settings import BY_ATTR
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
@@ -111,6 +113,9 @@ class Recoverer:
         self._exact_upto = 0  # KV positions the previous record left as the server computed them
         self._piece_cache: dict[int, bytes] = {}
         self._facts: ModelFacts | None = None
+        # the server's -t found from a record's values (evaluation/threads.py), for the records after it: the
+        # counts that reproduced it, the smallest used; None: not looked for or not found
+        self._threads_found: tuple[int, ...] | None = None
 
     def close(self) -> None:
         if self._slot is not None:
@@ -169,6 +174,13 @@ class Recoverer:
         read = self._read(rec)
         run = self._evaluate(read)
         outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative, run.approximate_from)
+        if self._find_threads(read, run, outcomes):  # the server's -t, unrecorded, found from its values: again with it
+            read = self._read(rec)
+            run = self._evaluate(read)
+            outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative,
+                                     run.approximate_from)
+        elif self._slot is not None and len(self._slot.ctx.kv_tokens) < run.kv_after:  # searched, not found
+            run = replace(run, kv_after=len(self._slot.ctx.kv_tokens))
         backend = server_backend(self._flags_as_spelled(rec), self.options.server_backend)
         kernels = kernels_differ(backend, self.backend)
         cpu = self.kernels
@@ -225,11 +237,56 @@ class Recoverer:
         return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
 
     def _read(self, rec: Record) -> ReadRecord:
-        """Everything later stages need from the record, read once (reading/record.py)."""
-        return read_record(rec, self.model, self.flags, build=self.options.build, source=self.options.source,
+        """Everything later stages need from the record, read once (reading/record.py); the server's -t
+        where neither the transcript nor the command line gives it and an earlier record's values told it."""
+        read = read_record(rec, self.model, self.flags, build=self.options.build, source=self.options.source,
                            renamed=self.options.renamed_model, facts=self.facts(), piece=self.piece,
                            shared=self.shared.get(rec.index) or rec.busy_when_sent() or (
                                "--shared-batches" if self.options.shared_batches else None))
+        if self._threads_found and read.context.sources.get("threads", "default") == "default":
+            context = replace(read.context, threads=self._threads_found[0],
+                              sources={**read.context.sources, "threads": "identified"})
+            read = replace(read, context=context)
+        return read
+
+    def _find_threads(self, read: ReadRecord, run: "Evaluated", outcomes: list["Outcome"]) -> bool:
+        """Find the server's -t from this record's values (evaluation/threads.py) where it matters and
+        nothing says it: the count is the default, a real entry from a one-token decode past 256 positions
+        disagrees, and every row before it is one whose values do not depend on the count. Right after
+        _evaluate, whose KV it reuses (one decode per candidate count). True: found (self._threads_found),
+        the record is to be evaluated again; False: not looked for, or no count reproduces the entry (the
+        report then asks for --threads)."""
+        if (self._threads_found is not None or read.context.sources.get("threads", "default") != "default"
+                or read.post or run.unaligned is not None or self._slot is None or self._slot.rules.enabled):
+            return False  # post-sampling values need the chain's state; a checkpointing target is approximate
+        n_prompt = len(read.prompt)
+        kinds = {id(item): kind for item, kind in zip(read.plan, self._scored(read.rec, read))}
+        first = None
+        for k, o in enumerate(outcomes):
+            if k == 0 or not split_kv(n_prompt + k - 1):
+                continue
+            kind = kinds.get(id(o.truth.item))
+            if kind == ALONE and o.owns_entry:
+                first = k
+                break
+            if kind is None:  # a row decoded on the assumed count before it: the KV depends on it
+                return False
+        if first is None or outcomes[first].report.status != "mismatch":
+            return False
+        target, entry = outcomes[first], entry_at(read.rec, outcomes[first].place)
+        ctx = self._slot.ctx
+
+        def agrees(row) -> bool:
+            lp, top = pre_sampling(row, target.truth.id, read.n_probs)
+            t = replace(target.truth, logprob=lp, top=top)
+            return compare(t, entry, post=False, n_probs=read.n_probs, tolerance=self.options.tolerance,
+                           speculative=read.speculative, piece=self.text, missing_reason="").status == "ok"
+        pos = n_prompt + first - 1
+        ctx.seq_rm(0, pos)
+        found = matching_threads(ctx, run.truths[first - 1].id, pos, agrees)
+        if found:
+            self._threads_found = tuple(found)
+        return bool(found)
 
     def _evaluate(self, read: ReadRecord) -> "Evaluated":
         """The truth of every generated token: the prompt in the server's batches on what the slot kept
@@ -264,8 +321,10 @@ class Recoverer:
                 evaluated.pop()
         kinds = {id(item): kind for item, kind in zip(read.plan, scored)}
         rows = row_counts([kinds.get(id(t.item)) for t in evaluated], len(prompt))
-        schedule = {**schedule_of(slot, spans), "rows": rows,
-                    "threads": {"value": ctx.threads, "source": read.context.sources.get("threads", "default")}}
+        threads = {"value": ctx.threads, "source": read.context.sources.get("threads", "default")}
+        if threads["source"] == "identified":  # the counts that reproduced the values (evaluation/threads.py)
+            threads["candidates"] = list(self._threads_found or ())
+        schedule = {**schedule_of(slot, spans), "rows": rows, "threads": threads}
         approx = next((k for k in range(1, len(evaluated)) if split_kv(len(prompt) + k - 1)), None) \
             if slot.rules.enabled and rows["batched"] else None
         if approx is not None:

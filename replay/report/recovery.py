@@ -188,12 +188,16 @@ class RecoverResult:
                     "may come from another machine (recover it separately)")
         threads = (r.schedule or {}).get("threads") or {}
         split = ((r.schedule or {}).get("rows") or {}).get("alone_split", 0)
-        if not beyond and t.index > 0 and split and threads.get("source") == "default":
+        if not beyond and t.index > 0 and split and threads.get("source") in ("default", "identified"):
+            how = "assumed" if threads.get("source") == "default" else "found from its first such value"
             short = (f"the server's -t? {split} real value(s) came from one-token decodes past 256 positions, "
-                     f"which its thread count changes: give --threads N ({threads.get('value')} assumed)")
+                     f"which its thread count changes: give --threads N ({threads.get('value')} {how})")
             why += (f"; {split} of its real values came from one-token decodes over 512 KV cells or more, which "
                     "ggml-cpu splits by thread (the values depend on the server's -t), and the transcript does "
-                    f"not record -t: {threads.get('value')} was assumed; give --threads N, the server's")
+                    f"not record -t: {threads.get('value')} was {how}"
+                    + (f" (so were {threads['candidates'][1:]}: they cut that KV alike)"
+                       if len(threads.get("candidates") or ()) > 1 else "")
+                    + "; give --threads N, the server's")
         # beyond what numerics explain, no cache or tolerance hint would make it right: the model line stands
         if not beyond and r.prefix == "server cache":
             short = "its values depend on the server's prompt cache: keep the file in request order, one slot"

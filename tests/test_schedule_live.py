@@ -149,3 +149,42 @@ def test_an_unrecorded_thread_count_under_post_sampling_values_is_asked_for_then
     print(f"\nngram-mod -t 4, post, bare: rows {rep['schedule']['rows']}; max |recovered - patched| {worst:.3g} "
           f"over {n}")
     assert worst == 0.0, worst
+
+
+def test_a_three_turn_chat_on_the_servers_prompt_cache_is_the_patched_servers(b11434, patched, smollm2, smollm2_draft,
+                                                                              tmp_path):
+    """A chat of three turns on a default-flag speculating server with its prompt cache on: each turn's
+    prompt is the conversation so far, and the server takes the previous turn's prompt and reply from its
+    slot (timings.cache_n) and decodes only the rest. The reply's KV was written by verify batches and
+    one-token decodes; recover computes each of those rows in its kind (schedule/rows.py), so it keeps
+    what the previous record left, exactly cache_n positions, and every turn has the patched server's
+    values (it used to blame "a request that is not the previous record" and stop)."""
+    cfg = ServerConfig(smollm2, n_ctx=4096, draft_model=smollm2_draft, spec_types=("draft-simple",), n_parallel=-1)
+    follow = ["Now tell it again in three sentences.", "Give the story a title and say why."]
+    messages = [{"role": "user", "content": TEXT}]
+    plain = []
+    with LlamaServer(cfg, binary=b11434.server) as srv:
+        for turn in range(3):
+            body = {"messages": list(messages), "max_tokens": 40, "logprobs": True, "top_logprobs": 2,
+                    "temperature": 0.0, "seed": 5, "cache_prompt": True}
+            plain.append(record_one(srv.url, RequestItem("/v1/chat/completions", body), srv.config.flags_block()))
+            if turn < 2:
+                reply = plain[-1]["response"]["choices"][0]["message"]["content"]
+                messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow[turn]}]
+    with LlamaServer(cfg, binary=patched.server) as srv:
+        truth = [record_one(srv.url, RequestItem("/v1/chat/completions", t["request"]), srv.config.flags_block())
+                 for t in plain]
+    cached = [t["response"]["timings"]["cache_n"] for t in plain]
+    assert cached[0] == 0 and cached[1] > 1000 and cached[2] > cached[1], cached
+    src, out = tmp_path / "chat.jsonl", tmp_path / "chat.repaired.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in plain))
+    r = run("recover", src, "-m", smollm2, "-o", out, "--force", "--json")
+    assert r.exit_code == 0, r.output[-3000:]
+    reports = json.loads(r.stdout)["records"]
+    assert [rep["reused_prompt_tokens"] for rep in reports] == cached, [rep["prefix"] for rep in reports]
+    assert [rep["prefix"] for rep in reports][1:] == ["server cache", "server cache"]
+    for k, (line, want) in enumerate(zip(out.read_text().splitlines(), truth)):
+        worst, n = _max_diff(json.loads(line), want)
+        print(f"\nturn {k + 1}: {reports[k]['prompt_tokens']} prompt tokens ({cached[k]} cached), rows "
+              f"{reports[k]['schedule']['rows']}; max |recovered - patched| {worst:.3g} over {n}")
+        assert worst == 0.0, (k, worst)

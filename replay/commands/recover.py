@@ -216,9 +216,15 @@ class Recoverer:
             notes.append(f"the server generated {generated} tokens but its response shows {len(tokens)}: "
                          f"the last {generated - len(tokens)} were never sent (a trimmed stop word, or "
                          "text ending in incomplete UTF-8) and cannot be recovered")
-        # what the next record may keep: the prompt, and the generated tokens too when both we and the
-        # server decoded them one per decode (a speculating server decoded them in verify batches)
-        self._exact_upto = run.kv_after if drafted(read.final) is False and error is None else len(read.prompt)
+        # what the next record may keep (the server's prompt cache on a multi-turn chat): the prompt, and the
+        # generated tokens too where every row of the reply was computed in the kind of decode the server
+        # computed it in: one per decode on an unspeculating server, or each read from the transcript
+        # (schedule/rows.py, no row of unknown kind) on a target that can drop a suffix (a checkpointing
+        # target's reply KV came from batches the transcript does not show)
+        rows_known = not run.schedule.get("rows", {}).get("unknown", 1) and "approximate_from" not in run.schedule \
+            and self._slot is not None and not self._slot.rules.enabled
+        self._exact_upto = run.kv_after if error is None and (drafted(read.final) is False or rows_known) \
+            else len(read.prompt)
         rep = RecordReport(
             rec.source, rec.index, rec.endpoint, rec.stream, "prob" if read.post else "logprob", read.n_probs,
             tokens=tokens, error=error, notes=notes, prompt_tokens=len(read.prompt),

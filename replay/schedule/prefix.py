@@ -73,13 +73,20 @@ def plan_prefix(kv_tokens: Sequence[int], exact_upto: int, prompt: Sequence[int]
     `kv_tokens` are the tokens in the context by position, the first `exact_upto` of them computed
     as the server computed them for the previous record (its prompt, and its generated tokens
     when the server decoded them one at a time). `server_cached` is the response's cache_n."""
-    shared = min(common_prefix(kv_tokens, prompt), exact_upto)
+    held = common_prefix(kv_tokens, prompt)
+    shared = min(held, exact_upto)
     if server_cached and server_cached < len(prompt):
         if server_cached <= shared:
             return Prefix(server_cached, "server cache")
-        note = (f"the server took {server_cached} prompt tokens from its cache, left by a request that is not "
-                "the previous record of this file; they were evaluated on their own to rebuild it, which is "
-                "exact only if the earlier prompt put them in ubatches of the same kind")
+        if server_cached <= held:  # the previous record left them, but not all computed as the server did
+            note = (f"the server took {server_cached} prompt tokens from its cache, {server_cached - exact_upto} of "
+                    "them tokens the previous record generated in decodes its transcript does not show (tokens "
+                    "without entries); they were evaluated on their own to rebuild it, which is exact only if "
+                    "the server decoded them one at a time")
+        else:
+            note = (f"the server took {server_cached} prompt tokens from its cache, left by a request that is not "
+                    "the previous record of this file; they were evaluated on their own to rebuild it, which is "
+                    "exact only if the earlier prompt put them in ubatches of the same kind")
         return Prefix(server_cached, "server cache (rebuilt)", note)
     if not reuse:
         return Prefix(0, "fresh")

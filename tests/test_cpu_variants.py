@@ -258,7 +258,8 @@ def test_a_default_flag_server_under_concurrent_requests(concurrent_x64, host_va
     nats measured here), so the probe tries several records' first entries: one computed alone (here at
     least the last) is reproduced exactly by the server's kernels. On these long prompts sse42 does so
     as exactly as x64, and the two decode later tokens 0.1 to 0.6 nats apart: that is refused in one
-    line, not guessed; given the variant (--server-cpu x64) the filled values are the x64 server's. A
+    line, not guessed; given the variant (--server-cpu x64) and --shared-batches (a /completion response
+    carries no `created` to show which records ran together) the filled values are the x64 server's. A
     file of only the shared records leaves the kernels unknown, and says so, rather than taking the
     nearest."""
     model, src, plain = concurrent_x64
@@ -267,10 +268,16 @@ def test_a_default_flag_server_under_concurrent_requests(concurrent_x64, host_va
     assert p.returncode != 0 and len(errors) == 1 and not out.exists(), p.stderr[-2000:]
     assert "is reproduced exactly by sse42, x64, whose one-token decodes of the tokens after it differ" in errors[0], errors[0]
     assert "--server-cpu" in errors[0]
-    p, out = _recover(src, model, b11434.bin_dir, "--server-cpu", "x64")
+    # /completion responses carry no `created`, so nothing in the file shows which records ran together:
+    # the user who sent them at once says so (--shared-batches), and the report says the option judged
+    p, out = _recover(src, model, b11434.bin_dir, "--server-cpu", "x64", "--shared-batches")
     assert p.returncode == 0, p.stderr[-2000:]
     reps = json.loads(p.stdout)["records"]
     assert reps[0]["numerics"]["cpu"]["how"] == "given"
+    # records seen to overlap in time are judged by that evidence, the rest by the option; each says which
+    assert all((r["numerics"]["cause"] is None) == (r["numerics"]["judged_by"] is None) for r in reps), \
+        [r["numerics"] for r in reps]
+    assert "option" in {r["numerics"]["judged_by"] for r in reps}, [r["numerics"] for r in reps]
     assert {s["setting"]: s["source"] for s in reps[0]["settings"]}["--top-k"] == "model file"
     assert all(r["summary"]["counts"]["mismatch"] == 0 for r in reps)
     first = [abs(r["tokens"][0]["server_logprob"] - r["tokens"][0]["true_logprob"]) for r in reps]
@@ -285,7 +292,7 @@ def test_a_default_flag_server_under_concurrent_requests(concurrent_x64, host_va
         pytest.skip("no request's prompt shared a batch this time: the unknown-kernels half proves nothing")
     only = tmp_path / "shared-only.jsonl"  # two of them: each is probed under every variant, on long prompts
     only.write_text("".join(line + "\n" for k, line in enumerate(src.read_text().splitlines()) if k in shared[:2]))
-    p, _ = _recover(only, model, b11434.bin_dir)
+    p, _ = _recover(only, model, b11434.bin_dir, "--shared-batches")
     assert p.returncode == 0, p.stderr[-2000:]
     rep = json.loads(p.stdout)["records"][0]
     assert rep["numerics"]["cpu"]["how"] == "unknown", rep["numerics"]["cpu"]

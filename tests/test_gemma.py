@@ -34,7 +34,7 @@ N_CTX = 4096
 # from KV its verify batches built: on Gemma 3 they differ from the unspeculated server's by up to
 # 0.29 nats (measured here: a low-probability alternative in the cache case), and trace, which
 # decodes those batches, gives them within 5e-4; recover, which does not replay the checkpoint restores
-# of a target that cannot drop a suffix, labels them approximate past 256 positions (CHECKPOINT_DRIFT).
+# of a target that cannot drop a suffix, labels them approximate past 256 positions (APPROXIMATE_DRIFT).
 KV_DRIFT = 0.3
 
 

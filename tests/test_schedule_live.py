@@ -104,15 +104,15 @@ def test_recovered_values_are_the_patched_servers_on_long_prompts(case, b11434, 
     assert worst == 0.0, worst
 
 
-def _bare_pair(b11434, patched, smollm2, body: dict) -> tuple[dict, dict]:
+def _bare_pair(b11434, patched, smollm2, body: dict, temp: float = 0.0) -> tuple[dict, dict]:
     """(a bare SDK dump: the response with no flags block, the patched server's transcript) of an n-gram
     copy from a -t 4 server, whose real entries after the first came from one-token decodes past 256
     positions (values -t changes)."""
     cfg = ServerConfig(smollm2, n_ctx=4096, threads=4, spec_types=("ngram-mod",))
     copy = STORY * 40 + "Repeat the text above exactly:\n\n" + STORY * 3
     plain, truth = _pair(b11434, patched, cfg, RequestItem("/completion", {"prompt": copy, "n_predict": 64,
-                                                                             "n_probs": 2, "temperature": 0.0,
-                                                                             **body}))
+                                                                             "n_probs": 2, "temperature": temp,
+                                                                             "seed": 9, **body}))
     rows_real = [e for e in record_entries(read_text(json.dumps(plain), "p")[0])[1:] if not e.is_placeholder]
     assert rows_real, "the n-gram drafter drafted every step: no one-token decode to tell -t by"
     bare = {k: v for k, v in plain.items() if k != "server"}
@@ -138,8 +138,9 @@ def test_an_unrecorded_thread_count_under_post_sampling_values_is_asked_for_then
                                                                                        tmp_path):
     """Post-sampling values need the sampler chain's state to tell counts apart, which the one-row search
     does not replay: recover says in one line to give --threads; given it, the values are the patched
-    server's."""
-    bare, truth = _bare_pair(b11434, patched, smollm2, {"post_sampling_probs": True})
+    server's. (At temperature 0 a post-sampling value is 1 for the token drawn whatever the logits, so
+    no count changes it and the record recovers as it is: this case samples at 1.)"""
+    bare, truth = _bare_pair(b11434, patched, smollm2, {"post_sampling_probs": True}, temp=1.0)
     src = tmp_path / "bare.json"
     src.write_text(dumps(bare))
     line = one_error(run("recover", src, "-m", smollm2, "-o", tmp_path / "x.json", "--json"))

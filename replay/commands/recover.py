@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from replay.comparison.values import (
     BATCH_BOUND,
-    CHECKPOINT_DRIFT,
+    APPROXIMATE_DRIFT,
     DEFAULT_TOLERANCE,
     TokenReport,
     compare,
@@ -40,7 +40,7 @@ from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.schedule.rows import ALONE, row_counts, scored_by, split_kv
+from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv
 from replay.settings import BY_ATTR
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.concurrency import shared_evidence
@@ -74,9 +74,10 @@ class Evaluated:
     prefix: Prefix
     schedule: dict
     kv_after: int
-    # the first token whose values are approximate (a checkpointing target's KV past 256 positions,
-    # comparison/values.py CHECKPOINT_DRIFT), None: every value is computed as the server computed it
+    # the first token whose values are approximate (comparison/values.py APPROXIMATE_DRIFT), and why;
+    # None: every value is computed as the server computed it
     approximate_from: int | None = None
+    approximate_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,10 +194,9 @@ class Recoverer:
         tokens = [o.report for o in outcomes]
         notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else [])
         if run.approximate_from is not None:
-            notes.append(f"values from token {run.approximate_from} on are approximate (within {CHECKPOINT_DRIFT} "
-                         "nats measured): this target verifies drafts from checkpoints (its memory cannot drop a "
-                         "suffix), and the server rewrote the KV of accepted tokens in batches the transcript does "
-                         "not show; spec-replay trace with the draft model replays them")
+            notes.append(f"values from token {run.approximate_from} on are approximate (real entries judged within "
+                         f"{APPROXIMATE_DRIFT} nats, as measured): {run.approximate_why}; spec-replay trace with the "
+                         "draft model replays those batches")
         if batched:
             worst = max((abs(t.server_logprob - t.true_logprob) for t in tokens
                          if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
@@ -263,8 +263,9 @@ class Recoverer:
         the record is to be evaluated again; False: not looked for, or no count reproduces the entry (the
         report then asks for --threads)."""
         if (self._threads_found is not None or read.context.sources.get("threads", "default") != "default"
-                or read.post or run.unaligned is not None or self._slot is None or self._slot.rules.enabled):
-            return False  # post-sampling values need the chain's state; a checkpointing target is approximate
+                or read.post or run.unaligned is not None or run.approximate_from is not None or self._slot is None
+                or self._slot.rules.enabled):
+            return False  # post-sampling values need the chain's state; approximate values tell no count
         n_prompt = len(read.prompt)
         kinds = {id(item): kind for item, kind in zip(read.plan, self._scored(read.rec, read))}
         first = None
@@ -298,7 +299,8 @@ class Recoverer:
         """The truth of every generated token: the prompt in the server's batches on what the slot kept
         (the prefix), then one decode per token (evaluation/walk.py)."""
         rec, prompt = read.rec, list(read.prompt)
-        slot = self.context(SlotConfig.of(read.context, rec.flags, read.shape.build))
+        cfg = SlotConfig.of(read.context, rec.flags, read.shape.build)
+        slot = self.context(cfg)
         ctx = slot.ctx
         spans = message_spans(rec, self.model, prompt) if slot.rules.user_breaks else NO_SPANS
         if slot.rules.enabled:  # a target that checkpoints: its prompt cuts and the slot's checkpoints
@@ -331,11 +333,11 @@ class Recoverer:
         if threads["source"] == "identified":  # the counts that reproduced the values (evaluation/threads.py)
             threads["candidates"] = list(self._threads_found or ())
         schedule = {**schedule_of(slot, spans), "rows": rows, "threads": threads}
-        approx = next((k for k in range(1, len(evaluated)) if split_kv(len(prompt) + k - 1)), None) \
-            if slot.rules.enabled and rows["batched"] else None
+        approx, why = approximate_from(evaluated, [kinds.get(id(t.item)) for t in evaluated], len(prompt),
+                                       checkpoints=slot.rules.enabled, flash_attn=cfg.flash_attn == "off")
         if approx is not None:
             schedule["approximate_from"] = approx
-        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx)
+        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why)
 
     def _scored(self, rec: Record, read: ReadRecord) -> list[str | None]:
         """Which decode computed each plan item's values on the server (schedule/rows.py): from the
@@ -368,3 +370,28 @@ def result_of(records: list[Record], done: list[Recovered], original: str) -> Re
     if complete and res.failure() is None:  # nothing is written for a transcript judged wrong as a whole
         res.repaired = serialise(records, [d.container for d in done], original)
     return res
+
+
+def approximate_from(evaluated: Sequence[Truth], kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,
+                     flash_attn: bool) -> tuple[int | None, str]:
+    """The first token whose values this replay cannot compute in the decodes the server computed them in,
+    and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py);
+    `flash_attn` is True when flash attention is off.
+
+    A checkpointing target past 256 positions: the server decoded accepted tokens again after restoring a
+    checkpoint, in batches the transcript does not show. Flash attention off, from the first token a verify
+    batch scored: the batch's attention matmuls take another path for several rows than for one.
+    """
+    if BATCHED not in kinds[1:]:
+        return None, ""
+    if checkpoints:
+        k = next((k for k in range(1, len(evaluated)) if split_kv(n_prompt + k - 1)), None)
+        if k is not None:
+            return k, ("this target verifies drafts from checkpoints (its memory cannot drop a suffix), and the "
+                       "server rewrote the KV of accepted tokens in batches the transcript does not show")
+    if flash_attn:
+        k = next(k for k in range(1, len(kinds)) if kinds[k] == BATCHED)
+        return k, ("with flash attention off (-fa off) a verify batch's attention takes other matmul kernels for "
+                   "several rows than a one-row decode does, so its rows and the KV they wrote are not reproduced "
+                   "one row at a time")
+    return None, ""

@@ -1,0 +1,154 @@
+"""recover on the server's own schedule against the one-token schedule and against the server itself.
+
+    python3 bench/schedule.py            # SmolLM2 (a Q2_K draft, then drafting for itself) and Gemma 3
+
+For each configuration a default-flag b11434 llama-server (4 slots, unified KV, flash attention auto)
+is sent three chat requests in turn, each with a prompt of about 1,200 tokens, 64 tokens out, and
+recorded with `record`. The same records are then recovered, each measurement in a fresh process:
+
+- **server schedule**: `replay.recover()` as the command line runs it (every token's row computed in
+  the kind of decode the server computed it in, schedule/rows.py), the CPU kernels given
+  (`server_cpu`: the variant the server ran), so no probe;
+- **one-token schedule**: the same, every row decoded alone on the server's `-t` (what recover did
+  before schedule/rows.py): how far its values are from the server's schedule (max |diff| over
+  every value written) and what it costs;
+- **with the kernel probe**: the server schedule with the kernels found from the transcript, a fresh
+  probe cache (`SPEC_REPLAY_PROBE_CACHE=0`), as a user's first transcript of a model pays it.
+
+Each recover time is the whole `replay.recover()` call: the model loaded, the contexts made, every
+record replayed and written. The server's is its own `timings.prompt_ms + predicted_ms` summed over the
+records (model load not counted). Timed pairs are measured alternately, twice, the fastest kept.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tabulate import tabulate  # noqa: E402
+
+from replay.commands.record import RequestItem, record_one  # noqa: E402
+from replay.llamacpp import models  # noqa: E402
+from replay.llamacpp.build import BuildSpec, ensure_built  # noqa: E402
+from replay.llamacpp.kernels import variants_that_run  # noqa: E402
+from replay.llamacpp.process import LlamaServer, ServerConfig  # noqa: E402
+from replay.transcripts.entries import record_entries  # noqa: E402
+from replay.transcripts.format import dumps, final_response  # noqa: E402
+from replay.transcripts.readers import read_text  # noqa: E402
+
+STORY = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
+         "in his book. ")
+TOPICS = ("Retell the story in your own words.", "What did the keeper write, and why?",
+          "Tell the story from the lamp's point of view.")
+REPS = 2
+
+
+def _requests(temp: float) -> list[RequestItem]:
+    return [RequestItem("/v1/chat/completions", {"messages": [{"role": "user", "content": STORY * 46 + topic}],
+                                                 "max_tokens": 64, "logprobs": True, "top_logprobs": 2,
+                                                 "temperature": temp, "seed": 11 + k})
+            for k, topic in enumerate(TOPICS)]
+
+
+def _child(mode: str, transcript: str, model: str, cpu: str, out: str) -> None:
+    """One measurement in this fresh process: prints the seconds replay.recover() took."""
+    import replay
+    if mode == "one-token":  # the schedule before schedule/rows.py: every row alone on the server's -t
+        from replay.commands.recover import Recoverer
+        Recoverer._scored = lambda self, rec, read: [None] * len(read.plan)
+    t = time.perf_counter()
+    res = replay.recover(transcript, model=model, server_cpu=None if mode == "probe" else cpu,
+                         say=lambda line, warning: None)
+    seconds = time.perf_counter() - t
+    if not res.text:
+        raise SystemExit(f"{mode}: recover wrote nothing: {[r.summary()['counts'] for r in res.records]}")
+    Path(out).write_text(res.text)
+    print(json.dumps({"seconds": seconds, "mismatch": sum(r.summary()["counts"]["mismatch"] for r in res.records)}))
+
+
+def _measure(mode: str, transcript: Path, model: Path, cpu: str, out: Path) -> dict:
+    env = dict(os.environ, SPEC_REPLAY_PROBE_CACHE="0") if mode == "probe" else None
+    p = subprocess.run([sys.executable, __file__, "--child", mode, str(transcript), str(model), cpu, str(out)],
+                       capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise SystemExit(f"{mode} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _max_diff(a: Path, b: Path) -> tuple[float, int]:
+    """max |a - b| over every value of every entry of two repaired JSONL files, and the values over 5e-4."""
+    worst, over = 0.0, 0
+    for la, lb in zip(a.read_text().splitlines(), b.read_text().splitlines()):
+        ea = record_entries(read_text(la, "a")[0])
+        eb = record_entries(read_text(lb, "b")[0])
+        for x, y in zip(ea, eb):
+            for u, v in [(x.logprob, y.logprob)] + [(s[2], t[2]) for s, t in zip(x.top, y.top)]:
+                d = abs(u - v)
+                worst, over = max(worst, d), over + (d > 5e-4)
+    return worst, over
+
+
+def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, temp: float, tmp: Path) -> list:
+    transcript = tmp / f"{name}.jsonl"
+    records = []
+    with LlamaServer(cfg, binary=binary) as srv:
+        for item in _requests(temp):
+            records.append(record_one(srv.url, item, srv.config.flags_block()))
+    transcript.write_text("".join(dumps(r, indent=None) + "\n" for r in records))
+    timings = [(final_response(r) or {}).get("timings", {}) for r in records]
+    server_s = sum(t.get("prompt_ms", 0) + t.get("predicted_ms", 0) for t in timings) / 1000
+    n_prompt = [t.get("prompt_n", 0) for t in timings]
+    best: dict[str, dict] = {}
+    for _ in range(REPS):
+        for mode in ("server", "one-token"):
+            got = _measure(mode, transcript, model, cpu, tmp / f"{name}.{mode}.jsonl")
+            if mode not in best or got["seconds"] < best[mode]["seconds"]:
+                best[mode] = got
+    best["probe"] = _measure("probe", transcript, model, cpu, tmp / f"{name}.probe.jsonl")
+    worst, over = _max_diff(tmp / f"{name}.server.jsonl", tmp / f"{name}.one-token.jsonl")
+    probe_same, _ = _max_diff(tmp / f"{name}.server.jsonl", tmp / f"{name}.probe.jsonl")
+    rec, one, probe = best["server"]["seconds"], best["one-token"]["seconds"], best["probe"]["seconds"]
+    return [name, f"{min(n_prompt)}-{max(n_prompt)}", f"{server_s:.1f}", f"{rec:.1f}", f"{rec / server_s:.2f}",
+            f"{one:.1f}", f"{one / rec:.2f}", f"{worst:.3f} ({over})", f"{probe - rec:.1f}",
+            f"{(probe - rec) / probe:.0%}", best["server"]["mismatch"] + (probe_same > 0)]
+
+
+def main() -> int:
+    bins = ensure_built(BuildSpec("b11434"))
+    can = variants_that_run(bins.bin_dir)
+    cpu = can[0] if can else "native"
+    smol, gemma = models.smollm2(), models.gemma3()
+    smol_draft, gemma_draft = models.smollm2_draft(bins.quantize), models.gemma3_draft(bins.quantize)
+    default = {"n_parallel": -1, "n_ctx": 8192}  # -np auto: 4 slots, a unified KV cache of 8192 cells
+    cases = [("SmolLM2 Q4_1, Q2_K draft, t=0", ServerConfig(smol, draft_model=smol_draft,
+                                                           spec_types=("draft-simple",), **default), smol, 0.0),
+             ("SmolLM2 Q4_1, self-draft, t=1", ServerConfig(smol, draft_model=smol, spec_types=("draft-simple",),
+                                                           **default), smol, 1.0),
+             ("Gemma 3 Q4_K_M, Q2_K draft, t=0", ServerConfig(gemma, draft_model=gemma_draft,
+                                                             spec_types=("draft-simple",), **default), gemma, 0.0)]
+    rows = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cfg, model, temp in cases:
+            rows.append(run_case(name, cfg, model, bins.server, cpu, temp, Path(tmp)))
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; servers and replays on the "
+          f"{cpu} variant of b11434; three chat records each, 64 tokens out; {time.perf_counter() - started:.0f} s")
+    print(tabulate(rows, headers=["configuration", "prompt tokens", "server s", "recover s", "recover / server",
+                                  "one-token s", "one-token / recover", "one-token max |diff| (> 5e-4)",
+                                  "probe s", "probe share", "mismatches"]))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(*sys.argv[2:7])
+        sys.exit(0)
+    sys.exit(main())

@@ -64,13 +64,17 @@ def _child(mode: str, transcript: str, model: str, cpu: str, out: str) -> None:
     if mode == "one-token":  # the schedule before schedule/rows.py: every row alone on the server's -t
         from replay.commands.recover import Recoverer
         Recoverer._scored = lambda self, rec, read: [None] * len(read.plan)
+    from replay.commands.recover import RecoverOptions
+    # the one-token schedule's real entries past 256 positions disagree with the server's, and recover would
+    # write nothing: a tolerance of a nat lets it write the values it computed, to measure how far off they are
+    options = RecoverOptions(tolerance=1.0) if mode == "one-token" else None
     t = time.perf_counter()
-    res = replay.recover(transcript, model=model, server_cpu=None if mode == "probe" else cpu,
+    res = replay.recover(transcript, model=model, server_cpu=None if mode == "probe" else cpu, options=options,
                          say=lambda line, warning: None)
     seconds = time.perf_counter() - t
-    if not res.text:
+    if not res.repaired:
         raise SystemExit(f"{mode}: recover wrote nothing: {[r.summary()['counts'] for r in res.records]}")
-    Path(out).write_text(res.text)
+    Path(out).write_text(res.repaired)
     print(json.dumps({"seconds": seconds, "mismatch": sum(r.summary()["counts"]["mismatch"] for r in res.records)}))
 
 

@@ -328,13 +328,14 @@ class Recoverer:
             while evaluated and isinstance(evaluated[-1].item, Gap) and evaluated[-1].item.place.entry is not None:
                 evaluated.pop()
         kinds = {id(item): kind for item, kind in zip(read.plan, scored)}
-        rows = row_counts([kinds.get(id(t.item)) for t in evaluated], len(prompt))
+        token_kinds = [kinds.get(id(t.item)) for t in evaluated]
+        rows = row_counts(token_kinds, len(prompt))
         threads = {"value": ctx.threads, "source": read.context.sources.get("threads", "default")}
         if threads["source"] == "identified":  # the counts that reproduced the values (evaluation/threads.py)
             threads["candidates"] = list(self._threads_found or ())
         schedule = {**schedule_of(slot, spans), "rows": rows, "threads": threads}
-        approx, why = approximate_from(evaluated, [kinds.get(id(t.item)) for t in evaluated], len(prompt),
-                                       checkpoints=slot.rules.enabled, flash_attn=cfg.flash_attn == "off")
+        approx, why = approximate_from(token_kinds, len(prompt), checkpoints=slot.rules.enabled,
+                                       flash_attn_off=cfg.flash_attn == "off")
         if approx is not None:
             schedule["approximate_from"] = approx
         return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why)
@@ -372,24 +373,32 @@ def result_of(records: list[Record], done: list[Recovered], original: str) -> Re
     return res
 
 
-def approximate_from(evaluated: Sequence[Truth], kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,
-                     flash_attn: bool) -> tuple[int | None, str]:
+def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,
+                     flash_attn_off: bool) -> tuple[int | None, str]:
     """The first token whose values this replay cannot compute in the decodes the server computed them in,
-    and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py);
-    `flash_attn` is True when flash attention is off.
+    and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py).
 
     A checkpointing target past 256 positions: the server decoded accepted tokens again after restoring a
     checkpoint, in batches the transcript does not show. Flash attention off, from the first token a verify
     batch scored: the batch's attention matmuls take another path for several rows than for one.
+
+    >>> approximate_from([None, ALONE, BATCHED, BATCHED], 300, checkpoints=False, flash_attn_off=True)[0]
+    2
+    >>> approximate_from([None, ALONE, BATCHED], 300, checkpoints=True, flash_attn_off=False)[0]   # past 256
+    1
+    >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=True, flash_attn_off=False)
+    (None, '')
+    >>> approximate_from([None, ALONE, ALONE], 300, checkpoints=True, flash_attn_off=True)
+    (None, '')
     """
     if BATCHED not in kinds[1:]:
         return None, ""
     if checkpoints:
-        k = next((k for k in range(1, len(evaluated)) if split_kv(n_prompt + k - 1)), None)
+        k = next((k for k in range(1, len(kinds)) if split_kv(n_prompt + k - 1)), None)
         if k is not None:
             return k, ("this target verifies drafts from checkpoints (its memory cannot drop a suffix), and the "
                        "server rewrote the KV of accepted tokens in batches the transcript does not show")
-    if flash_attn:
+    if flash_attn_off:
         k = next(k for k in range(1, len(kinds)) if kinds[k] == BATCHED)
         return k, ("with flash attention off (-fa off) a verify batch's attention takes other matmul kernels for "
                    "several rows than a one-row decode does, so its rows and the KV they wrote are not reproduced "

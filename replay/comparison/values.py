@@ -99,8 +99,8 @@ def tops_agree(server: list[tuple[int | None, float]], true: list[tuple[int, flo
 
 
 def tops_near(server: list[tuple[int | None, float]], true: list[tuple[int, float]], drift: float) -> bool:
-    """The looser rule for an entry past 256 positions of a target that verifies drafts from checkpoints
-    (APPROXIMATE_DRIFT): every id both lists hold has logprobs within `drift` (so
+    """The looser rule for an entry whose values are approximate (APPROXIMATE_DRIFT: a checkpointing target
+    past 256 positions, or -fa off): every id both lists hold has logprobs within `drift` (so
     near-tied entries may be listed in another order), and the lists hold the same ids but for at most
     one at the boundary, the last of each list of two or more, the two boundary values within `drift`.
 

@@ -78,6 +78,8 @@ class Evaluated:
     # None: every value is computed as the server computed it
     approximate_from: int | None = None
     approximate_why: str = ""
+    # the decode that computed each evaluated token's values on the server (schedule/rows.py), token by token
+    kinds: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -267,12 +269,10 @@ class Recoverer:
                 or self._slot.rules.enabled):
             return False  # post-sampling values need the chain's state; approximate values tell no count
         n_prompt = len(read.prompt)
-        kinds = {id(item): kind for item, kind in zip(read.plan, self._scored(read.rec, read))}
         first = None
-        for k, o in enumerate(outcomes):
+        for k, (o, kind) in enumerate(zip(outcomes, run.kinds)):
             if k == 0 or not split_kv(n_prompt + k - 1):
                 continue
-            kind = kinds.get(id(o.truth.item))
             if kind == ALONE and o.owns_entry:
                 first = k
                 break
@@ -338,7 +338,7 @@ class Recoverer:
                                        flash_attn_off=cfg.flash_attn == "off")
         if approx is not None:
             schedule["approximate_from"] = approx
-        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why)
+        return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why, tuple(token_kinds))
 
     def _scored(self, rec: Record, read: ReadRecord) -> list[str | None]:
         """Which decode computed each plan item's values on the server (schedule/rows.py): from the

@@ -80,9 +80,9 @@ def plan_prefix(kv_tokens: Sequence[int], exact_upto: int, prompt: Sequence[int]
             return Prefix(server_cached, "server cache")
         if server_cached <= held:  # the previous record left them, but not all computed as the server did
             note = (f"the server took {server_cached} prompt tokens from its cache, {server_cached - exact_upto} of "
-                    "them tokens the previous record generated in decodes its transcript does not show (tokens "
-                    "without entries); they were evaluated on their own to rebuild it, which is exact only if "
-                    "the server decoded them one at a time")
+                    "them tokens the previous record generated that this replay did not compute as the server did "
+                    "(tokens without entries, or values it labelled approximate); they were evaluated on their own "
+                    "to rebuild it, which is exact only if the server decoded them one at a time")
         else:
             note = (f"the server took {server_cached} prompt tokens from its cache, left by a request that is not "
                     "the previous record of this file; they were evaluated on their own to rebuild it, which is "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from tiers import default_and_wide
 
 from replay.cli import main
 from replay.commands.record import RequestItem, record_one
@@ -156,7 +157,7 @@ def _lab_prefix(target: Path) -> str:
     raise AssertionError("no single-token prefix")
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", default_and_wide(ARCHS, {"qwen3"}))
 def test_the_servers_loop_and_trace_keep_the_target_distribution(arch, b11434):
     from replay.proof.distribution import Lab, run_lab
     target, draft = files(arch)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import WIDE, default_and_wide
 
 from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.kernels import variants_that_run
@@ -112,7 +113,7 @@ def test_recover_finds_the_servers_kernels_and_fills_its_unspeculated_values(whi
           f"tokens; first-entry distances {cpu['probes']}")
 
 
-@pytest.mark.parametrize("which", ["best", "x64"])
+@pytest.mark.parametrize("which", default_and_wide(["best", "x64"], {"x64"}))
 def test_trace_reproduces_the_tokens_and_draft_totals_of_a_variant_server(which, recorded, host_variants, smollm2,
                                                                          smollm2_draft, b11434):
     v = host_variants[0] if which == "best" else "x64"
@@ -177,6 +178,7 @@ def test_check_names_the_kernels_a_live_server_computes_with(b11434, smollm2, ho
     assert k["how"] == "matched" and v in [k["variant"], *k["equal"]], k
 
 
+@WIDE
 def test_a_gemma_transcript_from_the_x64_kernels_is_recovered_exactly(b11434, gemma3, gemma3_draft, tmp_path):
     """Gemma 3 (sliding-window attention, the server's checkpoint schedule) on kernels that are not
     this host's best."""
@@ -253,6 +255,7 @@ def _filled_diff(spec: Path, fixed: Path, plain: list[dict]) -> tuple[float, int
     return worst, n
 
 
+@WIDE
 def test_a_default_flag_server_under_concurrent_requests(concurrent_x64, host_variants, b11434, tmp_path):
     """Batches shared with other requests move a first entry as far as other kernels do (0.03 to 0.24
     nats measured here), so the probe tries several records' first entries: one computed alone (here at

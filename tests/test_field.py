@@ -26,6 +26,7 @@ from field_helpers import record as _record
 from field_helpers import settings_of as _settings
 from field_helpers import spec_args as _spec
 from field_helpers import trace as _trace
+from tiers import WIDE, default_and_wide
 
 from replay.commands.record import server_snapshot
 from replay.llamacpp.models import SMOLLM2_FILE_DEFAULTS, smollm2_with_defaults
@@ -121,8 +122,10 @@ STRUCTURED = {
 }
 
 
-@pytest.mark.parametrize("case", list(STRUCTURED))
-@pytest.mark.parametrize("temp", [0.0, 1.0], ids=["greedy", "t1"])
+@pytest.mark.parametrize("case,temp", default_and_wide(
+    [(c, t) for t in (0.0, 1.0) for c in STRUCTURED],
+    {"greedy-chat-json_schema", "t1-completion-grammar", "t1-chat-json_object"},
+    ids=[f"{'greedy' if t == 0 else 't1'}-{c}" for t in (0.0, 1.0) for c in STRUCTURED]))
 def test_structured_output_is_replayed_through_the_grammar(pair, smollm2, smollm2_draft, tmp_path, case, temp):
     spec, plain = pair(smollm2)
     endpoint, body = STRUCTURED[case]
@@ -145,7 +148,7 @@ TOOL_CHAT = [
 ]
 
 
-@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+@pytest.mark.parametrize("tool_choice", default_and_wide(["required", "auto"], {"required"}))
 def test_tool_call_grammars_are_replayed(start_server, b11434, smollm2, smollm2_draft, tmp_path, tool_choice):
     """Tools with a template that supports them (Qwen2.5's, from the build's own models/templates),
     and a reply that calls one: `required` gives a grammar over the whole reply, prefilled with the
@@ -230,6 +233,7 @@ def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm
     print(f"\nconcurrent: {batched} of 4 records' real values judged batch numerics")
 
 
+@WIDE
 def test_default_slots_with_sequential_requests_are_exact(default_np, smollm2, smollm2_draft, tmp_path):
     spec, plain = default_np
     recs = []
@@ -254,7 +258,7 @@ MULTIBYTE = {
 }
 
 
-@pytest.mark.parametrize("case", list(MULTIBYTE))
+@pytest.mark.parametrize("case", default_and_wide(MULTIBYTE, {"chat"}))
 def test_streams_of_multibyte_text_align_on_chunk_boundaries(pair, smollm2, smollm2_draft, tmp_path, case):
     spec, plain = pair(smollm2)
     endpoint, body = MULTIBYTE[case]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import cli_command, run
+from tiers import default_and_wide
 
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
@@ -87,7 +88,9 @@ def test_the_api_gives_the_clis_reports_in_one_process(src, tmp_path):
 
 
 @pytest.mark.build
-@pytest.mark.parametrize("src", TRANSCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("src", default_and_wide(
+    TRANSCRIPTS, {"tiny-draft-simple.json", "tiny-v1-chat-stream-post.json", "tiny-completion-grammar-probabilistic.json",
+                  "tiny-v1-completions.json"}, ids=[p.name for p in TRANSCRIPTS]))
 def test_the_api_gives_the_clis_reports_on_the_kernels_it_probes(src, tmp_path, b11434):
     """Fresh processes, b11434 built: both choose its libllama and probe its CPU variants."""
     rep = _same_reports(src, tiny_target(), tiny_draft(), tmp_path)

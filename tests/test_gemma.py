@@ -17,6 +17,7 @@ import threading
 import pytest
 from cli_helpers import one_error, run
 from field_helpers import TOL, aligned, check_recovered, compare_filled, entries, record, trace, traced_real_values
+from tiers import WIDE, default_and_wide
 
 from replay.commands.record import server_snapshot
 from replay.llamacpp.process import ServerConfig
@@ -63,7 +64,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", default_and_wide(CASES, {"completion-post-t0.7", "chat-stream-t0", "v1-completions-t0"}))
 def test_every_endpoint_recovers_exactly_and_traces_token_for_token(servers, gemma3, gemma3_draft, tmp_path, case):
     spec, plain = servers
     endpoint, body = CASES[case]
@@ -162,6 +163,7 @@ def default_np(start_server, servers, gemma3, gemma3_draft):
                                      spec_types=("draft-simple",))), servers[1]
 
 
+@WIDE
 def test_default_slots_with_sequential_requests_are_exact(default_np, gemma3, gemma3_draft, tmp_path):
     spec, plain = default_np
     recs, compared = [], 0

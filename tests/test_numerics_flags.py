@@ -11,6 +11,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from tiers import default_and_wide
 
 from replay.cli import main
 from replay.commands.record import RequestItem, record_one
@@ -58,7 +59,7 @@ def _prove(spec_srv: LlamaServer, plain_srv: LlamaServer, model, draft, prompt: 
     return worst, n, src
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", default_and_wide(CASES, {"-fa off", "-b 16 -ub 8"}))
 def test_numerics_flags_are_replayed_exactly(case, start_server, smollm2, smollm2_draft, tmp_path):
     flags = CASES[case]
     # greedy drafts at t 1: sample-and-match emits the unspeculated server's tokens, so the two runs

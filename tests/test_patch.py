@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
+from tiers import WIDE
 
 from replay.cli import main
 from replay.errors import Exit, PatchError
@@ -108,6 +109,7 @@ def test_patched_server_reports_what_trace_predicts_everywhere(patched_b11434, b
 
 @pytest.mark.model
 @pytest.mark.live_server
+@WIDE
 def test_without_probabilities_the_patch_changes_nothing(patched_b11434, b11434, smollm2, smollm2_draft):
     setups = default_setups(smollm2, smollm2_draft, models.tiny_target(), models.tiny_draft())
     rows = check_no_probs(patched_b11434, b11434, setups, seeds=range(1, 6))

@@ -41,10 +41,10 @@ def test_the_first_command_prints_what_the_readme_says(tmp_path):
 
 
 def test_the_quick_tier_the_readme_names_is_the_one_the_markers_make():
-    """Every marker but other_builds and sweeps (which the default run leaves out: the quick tier's -m
+    """Every marker but other_builds, sweeps and wide (which the default run leaves out: the quick tier's -m
     replaces addopts') is excluded, in pyproject's order."""
     block = re.search(r"^markers = \[\n(.*?)^\]", (REPO_ROOT / "pyproject.toml").read_text(), re.S | re.M).group(1)
-    names = [n for n in re.findall(r'^\s*"(\w+):', block, re.M) if n not in ("other_builds", "sweeps")]
+    names = [n for n in re.findall(r'^\s*"(\w+):', block, re.M) if n not in ("other_builds", "sweeps", "wide")]
     quick = " and ".join(f"not {n}" for n in names)
     assert f'python3 -m pytest -q -m "{quick}"' in README
     assert quick in (REPO_ROOT / "docs" / "testing.md").read_text()

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from cli_helpers import one_error, run
+from tiers import default_and_wide
+
 from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.build import BuildSpec, ensure_built
 from replay.llamacpp.process import LlamaServer, ServerConfig
@@ -86,7 +87,8 @@ CASES = {  # id: (server flags beyond the model and the draft, endpoint, tempera
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", default_and_wide(CASES, {"draft-chat-t0-threads-1", "draft-completion-t1-threads-4",
+                                                          "draft-post-t1-4-slots"}))
 def test_recovered_values_are_the_patched_servers_on_long_prompts(case, b11434, patched, smollm2, smollm2_draft,
                                                                    tmp_path):
     flags, endpoint, temp = CASES[case]

@@ -12,6 +12,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from tiers import default_and_wide
 
 from replay.cli import main
 from replay.commands.record import RequestItem, record_one
@@ -49,7 +50,8 @@ def _check_against(res: dict, t: dict, seed: int) -> None:
     assert (res["draft_n"], res["draft_n_accepted"]) == (srv_t.get("draft_n", 0), srv_t.get("draft_n_accepted", 0)), seed
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", default_and_wide(CONFIGS, {"smol-self-greedy-t0", "smol-q2k-probabilistic-t1", "smol-ngram-mod",
+                                                             "tiny-greedy-t0", "tiny-greedy-t1", "tiny-probabilistic-t1"}))
 def test_trace_reproduces_the_server(name, start_server, smollm2, smollm2_draft, tmp_path):
     model_key, draft_key, types, sampling, temp, prompt, n_predict = CONFIGS[name]
     paths = {"smol": smollm2, "q2k": smollm2_draft, "tiny": tiny_target(), "tiny-draft": tiny_draft(), None: None}

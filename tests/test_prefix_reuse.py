@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import WIDE
 
 from replay.commands.record import RequestItem, record_one
-from replay.run.recover import recover
 from replay.errors import Exit
 from replay.llamacpp.process import ServerConfig
+from replay.run.recover import recover
 from replay.schedule.prefix import Prefix, plan_prefix, reuse_points
 from replay.transcripts.format import dumps
 
@@ -182,6 +183,7 @@ def test_a_cache_that_cannot_be_rebuilt_writes_nothing(cached_plain, smollm2, tm
 @pytest.mark.build
 @pytest.mark.live_server
 @pytest.mark.model
+@WIDE
 def test_keeping_a_shared_prefix_changes_no_byte(fresh_plain, smollm2, tmp_path, server_cpu):
     outs = {}
     for flag in ([], ["--no-prefix-reuse"]):

@@ -14,7 +14,7 @@ import json
 
 import pytest
 from cli_helpers import one_error, run
-from tiers import default_and_wide
+from tiers import WIDE, default_and_wide
 
 from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.build import BuildSpec, ensure_built
@@ -136,6 +136,7 @@ def test_an_unrecorded_thread_count_is_found_from_the_servers_values_then_exact(
     assert worst == 0.0, worst
 
 
+@WIDE
 def test_an_unrecorded_thread_count_under_post_sampling_values_is_asked_for_then_exact(b11434, patched, smollm2,
                                                                                        tmp_path):
     """Post-sampling values need the sampler chain's state to tell counts apart, which the one-row search

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tiers import WIDE
 
 from replay.commands.record import RequestItem, record_one
 from replay.commands.tune import prepare, timed_records
@@ -104,6 +105,7 @@ def test_gemma3_with_its_draft_on_a_default_flag_server(start_server, gemma3, ge
     assert all(p.read.shared for p in prepared) and timed_records(prepared, runs[0]) == []
 
 
+@WIDE
 def test_smollm2_ngram_drafting_on_a_default_flag_server(start_server, smollm2):
     srv = start_server(ServerConfig(smollm2, n_ctx=4096, n_parallel=-1, spec_types=("ngram-simple",),
                                     ngram_simple_size_n=4))

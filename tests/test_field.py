@@ -122,10 +122,13 @@ STRUCTURED = {
 }
 
 
+# id: (case, temperature)
+STRUCTURED_RUNS = {f"{label}-{c}": (c, t) for label, t in (("greedy", 0.0), ("t1", 1.0)) for c in STRUCTURED}
+
+
 @pytest.mark.parametrize("case,temp", default_and_wide(
-    [(c, t) for t in (0.0, 1.0) for c in STRUCTURED],
-    {"greedy-chat-json_schema", "t1-completion-grammar", "t1-chat-json_object"},
-    ids=[f"{'greedy' if t == 0 else 't1'}-{c}" for t in (0.0, 1.0) for c in STRUCTURED]))
+    STRUCTURED_RUNS.values(), {"greedy-chat-json_schema", "t1-completion-grammar", "t1-chat-json_object"},
+    ids=STRUCTURED_RUNS))
 def test_structured_output_is_replayed_through_the_grammar(pair, smollm2, smollm2_draft, tmp_path, case, temp):
     spec, plain = pair(smollm2)
     endpoint, body = STRUCTURED[case]

@@ -1,4 +1,4 @@
-"""The right model, and honest causes (reading/identity.py, comparison/values.py, transcripts/concurrency.py).
+"""The right model, and honest causes (reading/identity.py, comparison/values.py, transcripts/readers.py shared_evidence).
 
 - Model identity is evidence: every name the transcript carries for its model (the response's "model",
   /props model_path, model_alias, model_ftype, /v1/models size and n_params, the recorded
@@ -23,7 +23,7 @@ from replay.reading.identity import Compared, ModelFacts, compare_model, file_na
 from replay.comparison.values import wrong_everywhere
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
-from replay.transcripts.concurrency import certain_span, overlapping, shared_evidence
+from replay.transcripts.readers import certain_span, overlapping, shared_evidence
 from replay.transcripts.readers import Record, read_text
 
 T = FIXTURES / "transcripts" / "tiny-draft-simple.json"

@@ -174,7 +174,7 @@ def test_a_worker_that_dies_in_the_middle_of_a_message_is_named_not_waited_for()
     from replay.run.inputs import Inputs
     from replay.runtime.binding import LibChoice
     from replay.runtime.engine import EngineChoice
-    from replay.scale.local import run_local
+    from replay.scale.pool import run_local
     from replay.scale.worker import Job
     job = Job(Inputs("{}", "f.jsonl", None, str(tiny_target())), EngineChoice(LibChoice(None, "test")),
               _DiesMidMessage())

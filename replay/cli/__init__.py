@@ -5,7 +5,7 @@
     record.py    record                 llamacpp.py build, patch
     lab.py       dist
     options.py   llama-server's flags, generated from the settings table; the options every run takes
-    render.py    report tables          progress.py one progress bar on stderr
+    render.py    what a command shows: report tables, the progress bar, the one error line
 
 Every run (recover, diff, trace, tune) starts at the front door (replay/run/: its inputs checked, its
 engine chosen), as the Python API does; a command parses, calls it and renders what comes back.
@@ -16,7 +16,6 @@ set SPEC_REPLAY_RAISE_ERRORS=1 to see the traceback instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import traceback
@@ -26,33 +25,7 @@ import click
 
 from replay.version import __version__
 from replay.errors import Exit, SpecReplayError, UsageError
-
-
-def _fail(ctx: click.Context, code: int, line: str, detail: str | None = None, kind: str = "error") -> None:
-    """End the command with one `Error: ...` line on stderr (and the detail with -v), or, under
-    --json, that error as JSON on stdout; exit `code` (errors.Exit)."""
-    if ctx.params.get("as_json"):
-        click.echo(json.dumps({"error": {"kind": kind, "message": line, "detail": detail, "exit_code": int(code)}},
-                              indent=2))
-    _error_line(line, detail, ctx.params)
-    ctx.exit(int(code))
-
-
-def _error_line(line: str, detail: str | None, params: dict) -> None:
-    """`Error: <line>` on stderr; the detail on a second line with -v, else a pointer to it."""
-    more = bool(detail and detail != line)
-    click.echo(f"Error: {line}" + (" (-v: details)" if more and "verbose" in params and not params["verbose"] else ""),
-               err=True)
-    if more and params.get("verbose"):
-        click.echo(f"  {detail}", err=True)
-
-
-def check_failed(line: str, detail: str | None = None, code: int = Exit.FAILED) -> None:
-    """End a command whose check failed (exit 1, Exit.FAILED; `code` when it could not run): one
-    `Error:` line on stderr, the detail with -v. Its report (tables or --json) is already out."""
-    ctx = click.get_current_context()
-    _error_line(line, detail, ctx.params)
-    ctx.exit(int(code))
+from replay.cli.render import fail
 
 
 class OneLineUsage(click.UsageError):
@@ -98,7 +71,7 @@ class Command(click.Command):
         except SpecReplayError as e:
             if os.environ.get("SPEC_REPLAY_RAISE_ERRORS"):
                 raise
-            _fail(ctx, e.exit_code, str(e), e.detail, type(e).__name__)
+            fail(ctx, e.exit_code, str(e), e.detail, type(e).__name__)
         except KeyboardInterrupt:
             click.echo("Interrupted.", err=True)
             ctx.exit(Exit.INTERRUPTED)
@@ -110,7 +83,7 @@ class Command(click.Command):
             if os.environ.get("SPEC_REPLAY_RAISE_ERRORS"):
                 raise
             where = traceback.extract_tb(e.__traceback__)[-1]
-            _fail(ctx, Exit.INTERNAL, f"internal error: {type(e).__name__}: {str(e)[:200]} "
+            fail(ctx, Exit.INTERNAL, f"internal error: {type(e).__name__}: {str(e)[:200]} "
                   f"(at {Path(where.filename).name}:{where.lineno}; SPEC_REPLAY_RAISE_ERRORS=1 shows the "
                   "traceback; please report it)", kind="internal")
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from replay.cli import check_failed, main
+from replay.cli import main
+from replay.cli.render import check_failed
 from replay.cli.lab import progress_printer
 from replay.cli.options import BUILD, json_option, verbose_option
 from replay.report import schema as report_json

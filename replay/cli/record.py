@@ -44,7 +44,7 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
         --spec-type draft-simple -md draft.gguf
     spec-replay record http://127.0.0.1:8080 --requests reqs.jsonl -e /completion -o runs.jsonl
     """
-    from replay.cli.progress import progress_bar
+    from replay.cli.render import progress_bar
     from replay.commands.record import (
         make_item,
         parse_request_lines,

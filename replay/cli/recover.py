@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from replay.cli import check_failed, main
+from replay.cli import main
+from replay.cli.render import check_failed
 from replay.cli.options import (
     BUILD,
     build_number,
@@ -108,7 +109,7 @@ def _start(transcript: str, model: str, request_file: str | None, flags: dict, *
 
 
 def _in_process(inputs: Inputs, engine, task) -> RecoverResult:
-    from replay.cli.progress import progress_bar
+    from replay.cli.render import progress_bar
     from replay.run.recover import recover_inputs
     with progress_bar(len(inputs.records), "recovering records") as advance:
         return recover_inputs(inputs, engine, task, progress=lambda done, total: advance(done))
@@ -139,8 +140,9 @@ def _show(res: RecoverResult, as_json: bool) -> None:
 
 
 def _write(res: RecoverResult, outputs: Outputs, force: bool) -> None:
-    """--report and --html, before anything is shown (report/outputs.py)."""
-    from replay.report.outputs import write_page, write_report
+    """--report and --html, before anything is shown (report/recovery.py, report/pages.py)."""
+    from replay.report.pages import write_page
+    from replay.report.recovery import write_report
     write_report(outputs.report_file, res, force)
     if write_page(outputs.html_file, res, force):
         click.echo(f"wrote {outputs.html_file}", err=True)
@@ -220,7 +222,7 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
 def _journaled(inputs: Inputs, engine, task, outputs: Outputs, as_json: bool, *, workers: int,
                ray_address: str | None) -> None:
     """A JSONL's records through the journal (scale/journaled.py), then the report and its verdict."""
-    from replay.cli.progress import progress_bar
+    from replay.cli.render import progress_bar
     from replay.scale.journaled import recover_journaled
     with progress_bar(len(inputs.records), "recovering records") as advance:
         run = recover_journaled(inputs, engine, task, outputs, workers=workers, ray_address=ray_address,

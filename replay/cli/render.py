@@ -1,7 +1,16 @@
-"""Terminal tables of recover/diff reports (tabulate)."""
+"""What a command shows on the terminal: recover/diff's report tables (tabulate), the one progress bar
+of every long multi-item operation, and the one `Error:` line every failure ends in."""
 from __future__ import annotations
 
+import json
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import click
 from tabulate import tabulate
+
+from replay.errors import Exit
 
 from replay.report.recovery import RecordReport, RecoverResult
 
@@ -40,3 +49,43 @@ def summary_table(res: RecoverResult) -> str:
                      "-" if s["max_abs_diff_real"] is None else f"{s['max_abs_diff_real']:.1e}"])
     return tabulate(rows, headers=["record", "endpoint", "tokens", "ok", "placeholder", "missing", "bad",
                                    "server mean", "true mean", "true ppl", "max |diff| real"])
+
+
+@contextmanager
+def progress_bar(total: int, label: str, done: int = 0) -> Iterator[Callable[[int], None]]:
+    """Yield `advance_to(n)`: the bar shows n of `total` items done. Nothing is drawn for a
+    single item (its own output is the progress) or when stderr is not a terminal (logs and
+    pipes get no bar text); `done` items finished earlier (--resume) start the bar there."""
+    if total < 2 or not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+        bar.update(done)
+        yield lambda n: bar.update(n - bar.pos)
+
+
+def fail(ctx: click.Context, code: int, line: str, detail: str | None = None, kind: str = "error") -> None:
+    """End the command with one `Error: ...` line on stderr (and the detail with -v), or, under
+    --json, that error as JSON on stdout; exit `code` (errors.Exit)."""
+    if ctx.params.get("as_json"):
+        click.echo(json.dumps({"error": {"kind": kind, "message": line, "detail": detail, "exit_code": int(code)}},
+                              indent=2))
+    error_line(line, detail, ctx.params)
+    ctx.exit(int(code))
+
+
+def error_line(line: str, detail: str | None, params: dict) -> None:
+    """`Error: <line>` on stderr; the detail on a second line with -v, else a pointer to it."""
+    more = bool(detail and detail != line)
+    click.echo(f"Error: {line}" + (" (-v: details)" if more and "verbose" in params and not params["verbose"] else ""),
+               err=True)
+    if more and params.get("verbose"):
+        click.echo(f"  {detail}", err=True)
+
+
+def check_failed(line: str, detail: str | None = None, code: int = Exit.FAILED) -> None:
+    """End a command whose check failed (exit 1, Exit.FAILED; `code` when it could not run): one
+    `Error:` line on stderr, the detail with -v. Its report (tables or --json) is already out."""
+    ctx = click.get_current_context()
+    error_line(line, detail, ctx.params)
+    ctx.exit(int(code))

@@ -7,7 +7,8 @@ from typing import Callable
 import click
 from tabulate import tabulate
 
-from replay.cli import check_failed, main
+from replay.cli import main
+from replay.cli.render import check_failed
 from replay.cli.options import (
     BUILD,
     build_number,
@@ -86,7 +87,7 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     spec-replay trace run.json -m target.gguf -md draft.gguf --html trace.html
     spec-replay trace -m target.gguf -md draft.gguf --spec-type draft-simple --prompt "Once upon a time" --seed 3 --temp 1
     """
-    from replay.cli.progress import progress_bar
+    from replay.cli.render import progress_bar
     from replay.run.task import run_all
     from replay.run.trace import TraceTask, trace_report
     from replay.runtime.llama import set_verbose
@@ -143,11 +144,11 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
 
 
 def _trace_on_workers(inputs: Inputs, engine, task, target, workers: int) -> list[tuple[Record, TraceResult]]:
-    """trace over `workers` processes (scale/local.py), records that share server state kept together
+    """trace over `workers` processes (scale/pool.py), records that share server state kept together
     in order (commands/trace_state.py); the results in file order, the same as one process's."""
-    from replay.cli.progress import progress_bar
+    from replay.cli.render import progress_bar
     from replay.commands.trace_state import trace_units
-    from replay.scale.ordered import run_units
+    from replay.scale.pool import run_units
     from replay.scale.worker import Job
     records = inputs.records
     units = trace_units(records, task.flags, target.meta)

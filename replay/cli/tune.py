@@ -75,7 +75,7 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     spec-replay tune evals.jsonl -m target.gguf -md draft.gguf --vary --spec-draft-n-max=2,4,8,16 --measure
     spec-replay tune evals.jsonl -m target.gguf --vary --spec-type=ngram-mod,ngram-simple --json
     """
-    from replay.cli.progress import progress_bar
+    from replay.cli.render import progress_bar
     from replay.commands.tune import against_baseline, cost_table
     from replay.run.tune import TuneTask, run_sweep
     from replay.runtime.llama import set_verbose
@@ -129,9 +129,9 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
 
 
 def _tune_on_workers(inputs, engine, task, workers: int, progress) -> list:
-    """Settings over `workers` processes (scale/local.py), each loading the models and reading the records
+    """Settings over `workers` processes (scale/pool.py), each loading the models and reading the records
     once; the baseline is checked wherever it runs (its error stops the run)."""
-    from replay.scale.ordered import run_units
+    from replay.scale.pool import run_units
     from replay.scale.worker import Job
     from replay.transcripts.chains import Unit
     n = len(task.settings())

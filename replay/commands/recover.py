@@ -43,7 +43,7 @@ from replay.schedule.prompt import NO_SPANS
 from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv
 from replay.settings import BY_ATTR
 from replay.tokens.prompt_ids import message_spans
-from replay.transcripts.concurrency import shared_evidence
+from replay.transcripts.readers import shared_evidence
 from replay.transcripts.entries import drafted, n_generated
 from replay.transcripts.plan import Gap, entry_at
 from replay.transcripts.readers import Record
@@ -105,7 +105,7 @@ class Recoverer:
         self.options = options or RecoverOptions()
         self.kernels = kernels
         # why each record's batches may have been shared, judged over the whole file (records that ran
-        # at the same time show each other): transcripts/concurrency.py
+        # at the same time show each other): transcripts/readers.py shared_evidence
         self.shared = shared_evidence(records, self.flags.get("n_parallel"), self.options.shared_batches)
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,

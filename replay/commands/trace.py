@@ -125,7 +125,7 @@ def trace_record(rec: Record, target: Model, *, flags: dict | None = None, build
     """Trace one recorded request with its settings (flags given here win over the transcript's), in
     the loop shape of `source` (a llama.cpp checkout), else of build `build`, else of the transcript's
     build_info. Pass the same `slot_state` for consecutive requests to one slot (trace_state.ServerState), and `shared`, the
-    evidence that the record's batches were shared with other requests' (transcripts/concurrency.py
+    evidence that the record's batches were shared with other requests' (transcripts/readers.py shared_evidence
     shared_evidence: it ran beside another record), where there is any beyond the record itself. Errors
     name the record."""
     with located(rec.source, rec.index):

@@ -202,7 +202,7 @@ def weighted_disagreement(reports: list[TokenReport]) -> float | None:
 def numerics_cause(shared: str | None, kernels: str | None) -> str | None:
     """Why the server's real values may differ from a one-request CPU evaluation of the same tokens,
     or None when nothing says they may: batches shared with other requests, where the record shows
-    a server that may have run them (`shared`: transcripts/concurrency.py, or the user's --shared-batches;
+    a server that may have run them (`shared`: transcripts/readers.py shared_evidence, or the user's --shared-batches;
     an unknown slot count is not such evidence), and/or other kernels (runtime/backend.py).
 
     >>> numerics_cause(None, None) is None

@@ -78,7 +78,7 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
     """Read `rec` against `model` with the server flags given on the command line (`flags`, settings
     attrs, over the transcript's). `build`/`source` (--build/--source) pick the loop shape over its
     build_info; `renamed` (--renamed-model) sets the model's name aside; `shared` is the evidence, from
-    the whole file, that its batches were shared (transcripts/concurrency.py shared_evidence), else the
+    the whole file, that its batches were shared (transcripts/readers.py shared_evidence), else the
     record's own. Errors: TranscriptError (cannot be replayed), ModelError (another model)."""
     piece = piece or (lambda t: model.piece(t, special=True))
     said = asked(rec)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from replay.report.recovery import RecoverResult
 from replay.report.schema import finite
+from replay.transcripts.files import write_atomic
 
 # how a token came to be emitted, in the order the legend shows them
 PROVENANCE = {
@@ -172,6 +173,14 @@ def trace_page(results: Iterable[tuple[str, Any]], piece: Callable[[int], str], 
 def recover_page(res: RecoverResult) -> str:
     """`recover --html` / `diff --html`: server vs true logprob per token, placeholders marked."""
     return page(recover_data(res), "spec-replay recover")
+
+
+def write_page(html_file: str | None, res: RecoverResult, force: bool) -> bool:
+    """--html: recover's report as one self-contained page, written whole or not at all
+    (transcripts/files.py write_atomic); whether a file was written."""
+    if html_file:
+        write_atomic(html_file, recover_page(res), force=force)
+    return bool(html_file)
 
 
 def tune_data(report: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""What recover found, per record: the data of the report (rendered by cli/render.py). Each token's
-verdict is a TokenReport (comparison/values.py).
+"""What recover found, per record: the data of the report (rendered by cli/render.py), and the report
+as its `--report` JSON file (`write_report`). Each token's verdict is a TokenReport (comparison/values.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from replay.comparison.values import (
     wrong_everywhere,
 )
 from replay.errors import Exit
+from replay.report import schema as report_json
 from replay.report.schema import REPORT_FORMAT, REPORT_VERSION
+from replay.transcripts.files import write_atomic
 
 
 @dataclass
@@ -212,3 +214,11 @@ class RecoverResult:
         return (f"{head}: {short}",
                 f"{len(bad)} token(s) disagree with real values the server sent (first: {r.source}, record "
                 f"{r.record}, token {t.index}, {t.note}); {why}")
+
+
+def write_report(report_file: str | None, res: RecoverResult, force: bool) -> bool:
+    """--report: recover's report as JSON (docs/report-format.md), written whole or not at all
+    (transcripts/files.py write_atomic); whether a file was written."""
+    if report_file:
+        write_atomic(report_file, report_json.dumps(res.to_json(), indent=2) + "\n", force=force)
+    return bool(report_file)

@@ -1,5 +1,5 @@
 """What a run does with its inputs on its engine, in one shape for every command, so that one process,
-local worker processes (scale/local.py) and Ray actors (scale/ray_pool.py) run it alike:
+local worker processes (scale/pool.py) and Ray actors (scale/ray_pool.py) run it alike:
 
     task.open(inputs, engine) -> Session     applies the engine (once per process), loads the models once
     session.run(unit, emit)                  the command's one loop: the unit's items in order, emitting

@@ -27,7 +27,7 @@ from replay.runtime.engine import EngineChoice, KernelChoice
 from replay.runtime.llama import Model, model_params
 from replay.settings.server_flags import from_mapping
 from replay.transcripts.chains import Unit
-from replay.transcripts.concurrency import shared_evidence
+from replay.transcripts.readers import shared_evidence
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ process's.
 
     (transcripts/chains.py says which records travel together, pure)
     worker.py   one evaluator: the model loaded once, records recovered by index
-    local.py    N worker processes on this machine (--workers N)
+    pool.py     the driver side: units in this process or on N worker processes (--workers N)
     ray_pool.py the same work on Ray actors (--ray ADDRESS), retried when an actor dies
-    ordered.py  the driver side: results in file order into the journal, whatever order they finish in
+    journaled.py recover's JSONL run through its journal: results in file order, whatever order they
+                finish in, and --resume
 """

@@ -5,7 +5,7 @@ of calls, one per record (an actor runs one caller's calls in order), so the dri
 record as it finishes. An actor that dies (its node lost, its process killed) fails its pending
 calls with RayActorError: its unit is given to a new actor from the start, the records already
 received counted as finished (evaluated again only as far as later ones depend on them), up to
-RETRIES times. The driver writes the output and journal (ordered.py), as with local workers.
+RETRIES times. The driver writes the output and journal (journaled.py), as with local workers.
 
 Where things come from on the cluster: our package is shipped to the workers (runtime_env
 py_modules); llama-cpp-python must be installed there. The model file is used at its path when a node

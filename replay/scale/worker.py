@@ -1,7 +1,7 @@
 """One evaluator: a run's task opened once on its inputs and engine, items run by their position.
 
-The same object serves a local worker process (local.py), a Ray actor (ray_pool.py) and the driver's
-own process (ordered.py run_in_process). What travels is one Job: the inputs as their text (each
+The same object serves a local worker process (pool.py), a Ray actor (ray_pool.py) and the driver's
+own process (pool.py run_in_process). What travels is one Job: the inputs as their text (each
 evaluator reads the records again), the engine the driver chose (applied before anything loads), and
 the task (run/recover.py, run/trace.py, run/tune.py), which says what an item is and runs the units.
 """

@@ -13,6 +13,9 @@ null-valued fields the server never sent). Detection looks at the structure,
 never at the file name; whatever cannot be read raises TranscriptError naming
 the file, the record and why.
 
+Where the responses say when they were made (`created`, `timings`), `shared_evidence` tells which
+records certainly ran at the same time, so shared their batches (the section "When records ran").
+
 A Record holds the parsed objects as read; nothing downstream changes them. The repair pass
 (report/repair.py) builds its output from copies, placed back into the file's own layout.
 """
@@ -22,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from replay.errors import TranscriptError, json_error
 from replay.settings import check_props, recorded_flags
@@ -76,8 +79,8 @@ class Record:
         """What in the record itself shows that the server decoded it in batches shared with other
         requests, or None: another slot busy in the /slots snapshot taken before it. A slot count above
         one, or a response from slot 3, is no such evidence: a lone request on a fresh default-flag
-        server (4 slots) runs alone, on whichever slot it gets (transcripts/concurrency.py: records
-        that overlap in time are the other evidence)."""
+        server (4 slots) runs alone, on whichever slot it gets (`overlapping`: records that overlap in
+        time are the other evidence)."""
         if any(isinstance(s, dict) and s.get("is_processing") for s in (self.snapshot_slots or [])):
             return "another slot was busy when it was sent (/slots)"
         return None
@@ -109,6 +112,71 @@ class Record:
             if "usage" in e and e["usage"] or "timings" in e or "tokens_evaluated" in e:
                 return e
         return None
+
+
+# When records ran. Which records of a transcript the server certainly ran at the same time, from what
+# their responses say: `created` (the OpenAI endpoints' Unix second at which the response was made,
+# tools/server/server-task.cpp:394, 442) and `timings` (prompt_ms + predicted_ms: how long the slot
+# worked on it, server-task.cpp timings). Pure.
+#
+# A response made in second `c` ended in [c, c + 1); a request that took `d` seconds certainly ran
+# during [c + 1 - d, c] whatever its end within that second. Two records whose certain spans overlap
+# ran at the same time: their batches were shared (a server with one slot runs one request at a time,
+# so overlapping records also show several slots). Records shorter than a second show nothing: this
+# is evidence only where it is certain.
+
+def certain_span(rec: Record) -> tuple[float, float] | None:
+    """(start, end) in Unix seconds during which the record's request certainly ran, or None.
+
+    >>> r = Record("f", 1, "/v1/chat/completions", {}, False,
+    ...            response={"created": 100, "timings": {"prompt_ms": 200.0, "predicted_ms": 1700.0}})
+    >>> certain_span(r)
+    (99.1, 100)
+    """
+    final = rec.final() or {}
+    created, timings = final.get("created"), final.get("timings")
+    if not isinstance(created, int) or isinstance(created, bool) or not isinstance(timings, dict):
+        return None
+    parts = [timings.get("prompt_ms"), timings.get("predicted_ms")]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in parts):
+        return None
+    start = created + 1 - sum(parts) / 1000.0
+    return (round(start, 6), created) if start < created else None
+
+
+def overlapping(records: Sequence[Record]) -> dict[int, str]:
+    """{record index: the evidence, naming the records it certainly ran with} for every record that
+    certainly overlapped another.
+
+    >>> mk = lambda i, c: Record("f", i, "/v1/chat/completions", {}, False,
+    ...                          response={"created": c, "timings": {"prompt_ms": 150.0, "predicted_ms": 1750.0}})
+    >>> overlapping([mk(1, 213), mk(2, 213), mk(3, 215)])
+    {1: 'it ran at the same time as record 2 (their created and timings overlap)', 2: 'it ran at the same time as record 1 (their created and timings overlap)'}
+    """
+    spans = [(r.index, certain_span(r)) for r in records]
+    spans = [(i, s) for i, s in spans if s is not None]
+    out: dict[int, str] = {}
+    for i, (a0, a1) in spans:
+        with_ = [j for j, (b0, b1) in spans if j != i and max(a0, b0) < min(a1, b1)]
+        if with_:
+            names = ", ".join(map(str, with_[:4])) + (f" and {len(with_) - 4} more" if len(with_) > 4 else "")
+            out[i] = (f"it ran at the same time as record{'s' if len(with_) > 1 else ''} {names} (their created and "
+                      "timings overlap)")
+    return out
+
+
+def shared_evidence(records: Sequence[Record], n_parallel: int | None, option: bool) -> dict[int, str]:
+    """{record index: why its batches may have been shared with other requests} for every record where
+    something shows it: the record itself (Record.busy_when_sent: another slot busy in /slots), the
+    records it overlapped in time, or the user's --shared-batches (`option`). A slot count or a slot id
+    alone shows nothing: a lone request on a 4-slot server runs alone. (`n_parallel`: kept for callers.)"""
+    overlaps = overlapping(records)
+    out = {}
+    for rec in records:
+        why = rec.busy_when_sent() or overlaps.get(rec.index) or ("--shared-batches" if option else None)
+        if why:
+            out[rec.index] = why
+    return out
 
 
 def fingerprint(rec: Record) -> str | None:

@@ -14,7 +14,7 @@ did (loop/work.py). Two uses:
   varies a lot), refuses in words when it does not (SEPARABLE), and says how well it fits.
 
 A record's timings are usable when the server counted the tokens the replay emitted (predicted_n) and its
-batches were its own: a record that ran beside others (transcripts/concurrency.py) shared its decodes
+batches were its own: a record that ran beside others (transcripts/readers.py shared_evidence) shared its decodes
 and its time, and is left out.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ from replay.runtime import binding, health
 from replay.runtime.engine import KernelChoice
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
-from replay.transcripts.concurrency import shared_evidence
+from replay.transcripts.readers import shared_evidence
 from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record
 

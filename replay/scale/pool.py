@@ -1,13 +1,15 @@
-"""N evaluator processes on this machine (`recover --workers N`).
+"""Where a run's units are evaluated, as the driver sees it: in this process, on N worker processes on
+this machine (`--workers N`), or on Ray actors (`--ray ADDRESS`: ray_pool.py); each finished item goes
+back to the caller as it finishes (journaled.py puts recover's back in file order).
 
-Each worker is a fresh (spawned) process that loads the model once and takes units from one queue
-until it is empty; the driver hears "start" and "done" for every record, so that when a worker dies
-it can say which record it was on. Each worker answers on a pipe of its own: one killed while it was
-writing a message leaves that pipe, not a shared queue, with half a message, and the driver reads the
-end of it as the worker's death instead of waiting for the rest forever. A record that fails with a known error stops the run with that
-error; a worker that dies (killed, out of memory, a crash in libllama) stops it with a WorkerDied
-naming the worker and its record. Either way the other workers are stopped and what finished is
-kept by the driver (ordered.py).
+Local workers. Each worker is a fresh (spawned) process that loads the model once and takes units from
+one queue until it is empty; the driver hears "start" and "done" for every record, so that when a
+worker dies it can say which record it was on. Each worker answers on a pipe of its own: one killed
+while it was writing a message leaves that pipe, not a shared queue, with half a message, and the
+driver reads the end of it as the worker's death instead of waiting for the rest forever. A record
+that fails with a known error stops the run with that error; a worker that dies (killed, out of
+memory, a crash in libllama) stops it with a WorkerDied naming the worker and its record. Either way
+the other workers are stopped and what finished is kept by the driver.
 """
 from __future__ import annotations
 
@@ -20,11 +22,54 @@ from multiprocessing.connection import wait
 from typing import Callable, Sequence
 
 from replay.errors import SpecReplayError, WorkerDied
+from replay.run.task import Done
 from replay.scale.worker import Evaluator, Job
 from replay.settings.config import host_cores, set_batch_threads
 from replay.transcripts.chains import Unit
 
-POLL_S = 0.5
+POLL_S = 0.5  # how often the driver looks for a worker that died without a word
+
+
+class Stop(Exception):
+    """A record could not be recovered: stop handing out work (the driver reports it)."""
+
+
+def run_in_process(job: Job, units: Sequence[Unit], on_event: Callable[[str, object], None]) -> None:
+    """The units one after another in this process, in file order."""
+    ev = Evaluator(job)
+    try:
+        for unit in sorted(units, key=lambda u: u.records[0]):
+            ev.forget()
+            ev.run(unit, on_event)
+    finally:
+        ev.close()
+
+
+def run_units(job: Job, units: Sequence[Unit], *, workers: int = 1, ray_address: str | None = None,
+              on_done: Callable[[Done], bool | None], on_note: Callable[[str], None] | None = None,
+              on_progress: Callable[[int], None] | None = None) -> None:
+    """Run `units` in this process, on `workers` local processes, or on Ray (`ray_address`);
+    `on_done(done)` for every finished item, in the order they finish; it returns False to stop
+    the run (a record that could not be repaired). Errors: the failing item's SpecReplayError,
+    errors.WorkerDied."""
+    def on_event(kind: str, what) -> None:
+        if kind == "done" and on_done(what) is False:
+            raise Stop()
+        elif kind == "note" and on_note is not None:
+            on_note(what)
+        elif kind == "progress" and on_progress is not None:
+            on_progress(what)
+
+    try:
+        if ray_address is not None:
+            from replay.scale.ray_pool import run_ray
+            run_ray(job, units, workers, ray_address, on_event)
+        elif workers > 1 and len(units) > 1:
+            run_local(job, units, workers, on_event)
+        else:
+            run_in_process(job, units, on_event)
+    except Stop:
+        return
 
 
 def _die_with_parent() -> None:

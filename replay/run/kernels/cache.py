@@ -86,6 +86,10 @@ class ProbeCache:
 
 
 def default_cache() -> ProbeCache:
-    """The probe cache under SPEC_REPLAY_CACHE (or ~/.cache/spec-replay); off with SPEC_REPLAY_PROBE_CACHE=0."""
+    """The probe cache under SPEC_REPLAY_CACHE (or ~/.cache/spec-replay); off with SPEC_REPLAY_PROBE_CACHE=0,
+    in a directory of its own with SPEC_REPLAY_PROBE_CACHE=DIR (a model's first transcript, every time)."""
     from replay.paths import cache_root
-    return ProbeCache(None if os.environ.get("SPEC_REPLAY_PROBE_CACHE") == "0" else cache_root() / "kernels")
+    chosen = os.environ.get("SPEC_REPLAY_PROBE_CACHE")
+    if chosen == "0":
+        return ProbeCache(None)
+    return ProbeCache(Path(chosen) if chosen else cache_root() / "kernels")

@@ -242,16 +242,20 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
     evaluate that witness only: every class is probed, since the ones that equal the server's on it
     must also be told apart by their one-token decodes (Probe.decode).
 
-    When this model's classes are known (classes.py, kept in `cache` per host, model,
-    library and the kernel-choosing `context` settings), only the first candidate of each class is
-    probed and its Probe names the others (`same`). Otherwise every candidate is, and the classes are
-    learnt from the probes: kernel signatures are computed for the candidates whose witness values
-    came out alike. A worker that dies is that candidate's error."""
+    With a `cache`, only the first candidate of each class (classes.py, kept per host, model, library
+    and the kernel-choosing `context` settings) is probed and its Probe names the others (`same`);
+    classes not known yet are learnt first, from every candidate's kernel signature (`_learn_classes`:
+    a short fixed run, whatever the prompt's length). Without one (SPEC_REPLAY_PROBE_CACHE=0), or when
+    no signature could be computed, every candidate is probed, and with a cache the classes are
+    learnt from the probes: kernel signatures for the candidates whose witness values came out alike.
+    A worker that dies is that candidate's error."""
     cands = [c if isinstance(c, Candidate) else Candidate(c) for c in candidates]
     if cache is not None and cache.root is None:  # SPEC_REPLAY_PROBE_CACHE=0: nothing kept, so nothing learnt
         cache = None
     prober = _Prober(job, indices, until_exact=until_exact, cache=cache, context=context)
     grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) if cache is not None else None
+    if grouped is None and cache is not None:
+        grouped = _learn_classes(prober, cands, cache)
     if grouped is not None:
         # one candidate per class, on the first entry alone; the one-token decodes after it only where two
         # classes reproduce it exactly and must be told apart (choice.py)
@@ -271,6 +275,22 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
         for c, sig in learnt(seen, prober.signatures(alike) if alike else {}).items():
             cache.put_class(prober.class_key(c), sig)
     return fold_twins(probes, seen)
+
+
+def _learn_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache) -> list[list[Candidate]] | None:
+    """This model's classes, learnt before any witness: every candidate's kernel signature (a fixed run of
+    170 tokens, runtime/signature.py), kept in `cache`, so that a transcript's prompt, however long, is
+    evaluated once per class instead of once per candidate. A candidate whose signature could not be
+    computed (its process died, its variant did not load) is a class of its own, not kept: its probe says
+    why. None when no signature could be computed."""
+    sigs = prober.signatures([cands])
+    known = [c for c in cands if sigs.get(c)]
+    if not known:
+        return None
+    for c in known:
+        cache.put_class(prober.class_key(c), f"signature:{sigs[c]}")
+    groups = classes(known, lambda c: sigs[c]) + [[c] for c in cands if not sigs.get(c)]
+    return sorted(groups, key=lambda g: cands.index(g[0]))
 
 
 def fold_twins(probes: Sequence[Probe], seen: Sequence[Witnessed]) -> list[Probe]:

@@ -192,3 +192,43 @@ def test_a_three_turn_chat_on_the_servers_prompt_cache_is_the_patched_servers(b1
         print(f"\nturn {k + 1}: {reports[k]['prompt_tokens']} prompt tokens ({cached[k]} cached), rows "
               f"{reports[k]['schedule']['rows']}; max |recovered - patched| {worst:.3g} over {n}")
         assert worst == 0.0, (k, worst)
+
+
+GEMMA_CASES = {  # id: (server flags beyond the model and the draft, endpoint, temperature)
+    "gemma3-chat-t0-4-slots": ({"n_parallel": -1}, "chat", 0.0),
+    "gemma3-completion-t1-1-slot": ({"n_parallel": 1}, "completion", 1.0),
+}
+
+
+@pytest.mark.parametrize("case", default_and_wide(GEMMA_CASES, {"gemma3-chat-t0-4-slots"}))
+def test_a_checkpointing_target_is_the_patched_servers_through_the_loop(case, b11434, patched, gemma3, gemma3_draft,
+                                                                         tmp_path):
+    """Gemma 3 cannot drop a suffix from its memory (sliding-window layers): a partly accepted draft is
+    verified by restoring a checkpoint and decoding the accepted tokens again, in batches the transcript
+    does not show. With the draft model (`-md`), recover replays the server's loop for those records
+    (commands/looped.py): its tokens and draft totals are the server's, and its values the patched
+    server's, bit for bit. Without anything that says how the server drafted (a bare response), recover
+    keeps its one-token values, labelled approximate from the first token past 256 positions."""
+    flags, endpoint, temp = GEMMA_CASES[case]
+    cfg = ServerConfig(gemma3, n_ctx=4096, draft_model=gemma3_draft, spec_types=("draft-simple",), **flags)
+    plain, truth = _pair(b11434, patched, cfg, _item(endpoint, temp))
+    rep, fixed = _recover(plain, gemma3, tmp_path, "-md", gemma3_draft)
+    c = rep["summary"]["counts"]
+    assert rep["prompt_tokens"] >= 1000 and c["placeholder"] + c["missing"] >= 10 and c["mismatch"] == 0, c
+    loop = rep["schedule"]["loop"]
+    assert loop["replayed"] and loop["totals_checked"], loop
+    assert "approximate_from" not in rep["schedule"], rep["schedule"]
+    worst, n = _max_diff(fixed, truth)
+    print(f"\n{case}: {rep['prompt_tokens']} prompt tokens, loop {loop}; max |recovered - patched| {worst:.3g} "
+          f"over {n} entries")
+    assert worst == 0.0, worst
+    bare = {k: v for k, v in plain.items() if k != "server"}  # its user gives the server's -c and -np, not how it drafted
+    rep, approx = _recover(bare, gemma3, tmp_path, "-md", gemma3_draft, "-c", "4096", "-np", str(flags["n_parallel"]))
+    assert rep["schedule"]["approximate_from"] >= 1 and not rep["schedule"]["loop"]["replayed"], rep["schedule"]
+    assert "how the server drafted" in rep["schedule"]["loop"]["why"]
+    a = record_entries(read_text(json.dumps(approx), "approximate")[0])
+    b = record_entries(read_text(json.dumps(truth), "patched")[0])
+    off = max(abs(x.logprob - y.logprob) for x, y in zip(a, b))  # the tokens' own (their alternatives' order moves)
+    print(f"{case}: the one-token schedule's values, labelled approximate: max |recovered - patched| {off:.3g} "
+          "on the tokens' own logprobs")
+    assert off > 1e-4, off  # what the loop replay removes (measured 0.006 and 0.353)

@@ -82,15 +82,20 @@ def test_the_refusals_recorded_transcripts_get_are_the_command_lines_too():
 
 
 def test_an_ignored_flag_is_said_on_stderr_and_changes_nothing(tmp_path):
+    """The speculative flags are recover's own (it replays the loop where a target's values need its
+    batches: docs/recover.md); on a transcript whose values do not, they change nothing, and no word is said
+    of them. A flag that changes nothing recover computes is said to be ignored."""
     plain = run("diff", T, "-m", tiny_target(), "--json")
     r = run("diff", T, "-m", tiny_target(), "--json", "--port", "8081", "--host", "0.0.0.0", "--metrics",
-            "-md", "whatever.gguf", "--spec-type", "draft-simple", "--log-colors", "off", "-kvo")
+            "-md", "whatever.gguf", "--spec-type", "draft-simple", "--log-colors", "off", "-kvo", "-td", "3")
     assert r.exit_code == 0, r.output
     assert plain.stdout == r.stdout
     notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
     assert "note: --port 8081: ignored (HTTP server setting)" in notes
     assert "note: -kvo: ignored (the server's default)" in notes
-    assert any(line.startswith("note: --spec-draft-model whatever.gguf: ignored (recover needs only the target's values") for line in notes)
+    assert "note: --spec-draft-threads 3: ignored (recover replays the loop only where the target's values need its batches, checked " \
+           "there against the server's draft totals)" in notes
+    assert not [line for line in notes if "-md" in line or "--spec-type" in line or "--spec-draft-model" in line], notes
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -108,7 +113,8 @@ def test_a_flag_whose_effect_is_not_replayed_is_refused_by_name(argv, expected):
 
 def test_trace_refuses_what_changes_the_loop_and_recover_takes_it():
     """--spec-synth-len (copied from a benchmarking server's command line) accepts drafts at random:
-    trace cannot reproduce the loop, recover needs only the target's values."""
+    trace cannot reproduce the loop; recover replays it only where a target's values need its batches,
+    and there the draft totals show other batches."""
     r = run("trace", T, "-m", tiny_target(), "--spec-synth-len", "4")
     assert r.exit_code == 3 and one_error(r) == (
         "Error: --spec-synth-len 4: accepts drafts at random for benchmarking (server_sample_and_accept_synth): the "

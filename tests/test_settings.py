@@ -23,7 +23,8 @@ def _server_options(command: str) -> dict[str, tuple[str, ...]]:
 
 @pytest.mark.parametrize("command,groups", [("record", ("speculative", "context", "sampling")),
                                             ("trace", ("speculative", "context", "sampling")),
-                                            ("recover", ("context", "sampling")), ("diff", ("context", "sampling"))])
+                                            ("recover", ("speculative", "context", "sampling")),
+                                            ("diff", ("speculative", "context", "sampling"))])
 def test_every_command_takes_the_server_flags_as_the_table_spells_them(command, groups):
     assert _server_options(command) == {s.attr: s.names for s in rows(*groups)}
 

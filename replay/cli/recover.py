@@ -62,7 +62,7 @@ def _recover_options(fn):
                      help="also write the report as a self-contained page: server vs true logprob per token"),
         click.option("--force", is_flag=True, help="overwrite existing output/report/page files"),
         verbose_option,
-        server_flags("context", "sampling"),
+        server_flags("speculative", "context", "sampling"),
         libllama_option,
         server_cpu_option,
     ]

@@ -25,6 +25,7 @@ from replay.comparison.values import (
     numerics_kind,
     server_values,
 )
+from replay.commands.looped import LoopValues
 from replay.errors import Unaligned, located
 from replay.evaluation.threads import matching_threads
 from replay.evaluation.walk import PieceIndex, Truth, truths
@@ -119,16 +120,21 @@ class Recoverer:
         # the server's -t found from a record's values (evaluation/threads.py), for the records after it: the
         # counts that reproduced it, the smallest used; None: not looked for or not found
         self._threads_found: tuple[int, ...] | None = None
+        self._loop: LoopValues | None = None  # the server's loop, where the one-token schedule cannot give its batches
 
     def close(self) -> None:
         if self._slot is not None:
             self._slot.close()
             self._slot = None
+        if self._loop is not None:
+            self._loop.close()
 
     def forget(self) -> None:
         """Keep no KV positions for the next record (a new unit of work: transcripts/chains.py), so that what
         an evaluator did before cannot change what it computes next."""
         self._exact_upto = 0
+        if self._loop is not None:
+            self._loop.forget()
 
     def _flags_as_spelled(self, rec: Record) -> dict[str, Any]:
         """The record's server flags by flag name, ours (given on the command line) over the recorded ones."""
@@ -184,6 +190,9 @@ class Recoverer:
                                      run.approximate_from)
         elif self._slot is not None and len(self._slot.ctx.kv_tokens) < run.kv_after:  # searched, not found
             run = replace(run, kv_after=len(self._slot.ctx.kv_tokens))
+        run, looped = self._through_loop(read, run)
+        if looped is not None:
+            outcomes = looped
         backend = server_backend(self._flags_as_spelled(rec), self.options.server_backend)
         kernels = kernels_differ(backend, self.backend)
         cpu = self.kernels
@@ -197,8 +206,16 @@ class Recoverer:
         notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else [])
         if run.approximate_from is not None:
             notes.append(f"values from token {run.approximate_from} on are approximate (real entries judged within "
-                         f"{APPROXIMATE_DRIFT} nats, as measured): {run.approximate_why}; spec-replay trace with the "
-                         "draft model replays those batches")
+                         f"{APPROXIMATE_DRIFT} nats, as measured): {run.approximate_why}" + (
+                             "; not replayed through the server's loop, which computes them in its batches: "
+                             + run.schedule["loop"]["why"] if "loop" in run.schedule else ""))
+        elif run.schedule.get("loop", {}).get("replayed"):
+            loop = run.schedule["loop"]
+            notes.append("values computed in the server's batches by replaying its loop (drafts, verify batches, "
+                         "checkpoint restores): " + (
+                             f"its draft totals ({loop['draft_n']} drafted, {loop['draft_n_accepted']} accepted) equal "
+                             "the server's" if loop["totals_checked"] else
+                             "the server sent no draft totals, so its real entries alone confirm the batches"))
         if batched:
             worst = max((abs(t.server_logprob - t.true_logprob) for t in tokens
                          if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
@@ -224,7 +241,7 @@ class Recoverer:
         # (schedule/rows.py, no row of unknown kind) on a target that can drop a suffix (a checkpointing
         # target's reply KV came from batches the transcript does not show)
         rows_known = not run.schedule.get("rows", {}).get("unknown", 1) and "approximate_from" not in run.schedule \
-            and self._slot is not None and not self._slot.rules.enabled
+            and "loop" not in run.schedule and self._slot is not None and not self._slot.rules.enabled
         self._exact_upto = run.kv_after if error is None and (drafted(read.final) is False or rows_known) \
             else len(read.prompt)
         rep = RecordReport(
@@ -339,6 +356,37 @@ class Recoverer:
         if approx is not None:
             schedule["approximate_from"] = approx
         return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why, tuple(token_kinds))
+
+    def _through_loop(self, read: ReadRecord, run: "Evaluated") -> tuple["Evaluated", list[Outcome] | None]:
+        """Where this replay's values are approximate (`approximate_from`), the server's loop replayed
+        (commands/looped.py) gives them in the server's batches: used when the replay emitted the
+        transcript's tokens with the server's draft totals and every real entry agrees at the full
+        tolerance; else the approximate values stay, and the schedule's `loop` says why. Returns the run
+        and, when the loop's values are used, their outcomes."""
+        loop = self._loop_values()
+        if run.approximate_from is None or self.options.only_entries:
+            loop.skip()
+            return run, None
+        looped = loop.values(read)
+        if looped.truths is None:
+            return replace(run, schedule={**run.schedule, "loop": {"replayed": False, "why": looped.why}}), None
+        outcomes = self._compare(read.rec, looped.truths, read.post, read.n_probs, read.speculative)
+        wrong = next((o for o in outcomes if o.report.status == "mismatch"), None)
+        if wrong is not None:
+            loop.skip()
+            why = (f"its value of token {wrong.report.index} disagrees with the server's real entry "
+                   f"({wrong.report.note or 'beyond the tolerance'})")
+            return replace(run, schedule={**run.schedule, "loop": {"replayed": False, "why": why}}), None
+        schedule = {k: v for k, v in run.schedule.items() if k != "approximate_from"}
+        schedule["loop"] = {"replayed": True, "draft_n": looped.draft_n, "draft_n_accepted": looped.draft_n_accepted,
+                            "totals_checked": looped.totals_checked}
+        return replace(run, truths=looped.truths, approximate_from=None, approximate_why="", schedule=schedule), outcomes
+
+    def _loop_values(self) -> LoopValues:
+        if self._loop is None:
+            self._loop = LoopValues(self.model, model_params(self.flags), self.flags.get("n_parallel"),
+                                    renamed=self.options.renamed_model)
+        return self._loop
 
     def _scored(self, rec: Record, read: ReadRecord) -> list[str | None]:
         """Which decode computed each plan item's values on the server (schedule/rows.py): from the

@@ -1,0 +1,113 @@
+"""recover's values from the server's loop replayed, where one decode per token cannot give them.
+
+A target whose memory cannot drop a suffix (Gemma 3's sliding window, recurrent and hybrid models)
+verifies a partly accepted draft by restoring a checkpoint and decoding the accepted tokens again
+(tools/server/server-context.cpp:4276-4305), and a server with flash attention off computes a verify
+batch's attention with other kernels than a one-row decode's: in both, past the point
+`approximate_from` names (commands/recover.py), the transcript does not show the batches the server
+computed its values and its KV in. The loop replay does: it drafts with the draft model (or the n-gram
+tables), decodes the server's verify batches and restores its checkpoints step by step
+(loop/loop.py, what `spec-replay trace` runs), and every emitted token carries the values of the row
+that scored it, which is what a server patched to report real probabilities sends.
+
+Those values are used only on evidence that the replay ran the server's batches: it emitted the
+transcript's tokens, and its draft totals equal the server's (timings.draft_n, draft_n_accepted) where
+the server sent them; the caller then holds every real entry to the full tolerance. Where the loop
+cannot be replayed (no draft model file here, tokens given as text, server state left by records this
+replay did not loop), `LoopValues.values` says why, and recover keeps its approximate values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replay.commands.trace import Drafts, trace_read
+from replay.commands.trace_state import PER_SLOT, SERVER_WIDE, ServerState
+from replay.errors import ModelError, SpecReplayError
+from replay.evaluation.walk import Truth
+from replay.loop.replayable import drafts_with_model
+from replay.reading.record import ReadRecord
+from replay.runtime.llama import Model
+from replay.transcripts.plan import Known
+
+
+@dataclass(frozen=True)
+class Looped:
+    """The loop's values for a record's tokens (None: not replayed, and `why`), and what the replay did."""
+
+    truths: list[Truth] | None
+    why: str = ""
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+    totals_checked: bool = False  # the server sent its draft totals and the replay's equal them
+
+
+class LoopValues:
+    """The server's loop over a file's records, in order, as one server ran them (commands/trace_state.py
+    ServerState: the slots' memory, drafters and draft samplers across requests); the draft models loaded
+    once. A record that is not looped breaks the chain: the next looped record starts on a fresh server,
+    unless it continues what earlier records left (the prompt cache, an n-gram table): that one is not
+    looped."""
+
+    def __init__(self, target: Model, model_params: dict, n_parallel: int | None, renamed: bool = False):
+        self.target = target
+        self.drafts = Drafts(model_params)
+        self.n_parallel = n_parallel
+        self.renamed = renamed
+        self._state: ServerState | None = None
+        self._gap = False  # a record the loop was not replayed for came since the server started
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+
+    def forget(self) -> None:
+        """A new unit of work (transcripts/chains.py): the next record starts the server afresh."""
+        self.close()
+        self._gap = False
+
+    def skip(self) -> None:
+        """A record this replay did not loop: what the server kept from it is not in the state."""
+        self.close()
+        self._gap = True
+
+    def values(self, read: ReadRecord) -> Looped:
+        """The loop's values for every token of `read`'s plan, or why they cannot be had."""
+        spec = read.spec
+        types = {t for t in spec.spec_types if t != "none"}
+        if not read.speculative or not (types or drafts_with_model(spec, read.shape.era)):
+            self.skip()
+            return Looped(None, "the transcript does not say how the server drafted (give its --spec-type)")
+        if not all(isinstance(item, Known) for item in read.plan):
+            self.skip()
+            return Looped(None, "its tokens are text without ids, which the loop's tokens cannot be matched to")
+        if self._state is None:
+            if self._gap and (read.cached or types & (SERVER_WIDE | PER_SLOT)):
+                return Looped(None, "it continues what earlier records left on the server (the prompt cache or an "
+                                    "n-gram table), and the loop was not replayed for them")
+            self._state = ServerState(self.n_parallel)
+        try:
+            res = trace_read(read, self.target, slot_state=self._state.slot(read.rec), drafts=self.drafts,
+                             renamed=self.renamed)
+        except ModelError as e:
+            self.skip()
+            return Looped(None, f"the loop needs the draft model: {e}")
+        except SpecReplayError as e:  # a setting or drafter trace does not replay (MTP heads, -td, ...)
+            self.skip()
+            return Looped(None, f"the loop cannot be replayed: {e}")
+        if res.first_divergence is not None:
+            self.skip()
+            return Looped(None, f"the loop replay parts from the transcript at token {res.first_divergence}",
+                          res.draft_n, res.draft_n_accepted)
+        if res.reproduced is False:
+            self.skip()
+            return Looped(None, f"the loop replay drafted {res.draft_n} and accepted {res.draft_n_accepted}, the "
+                                f"server {res.server_draft_n} and {res.server_draft_n_accepted}: other batches",
+                          res.draft_n, res.draft_n_accepted)
+        n = read.n_probs
+        out = []
+        for k, (item, e) in enumerate(zip(read.plan, res.emitted)):
+            out.append(Truth(index=k, id=e.id, item=item, logprob=e.logprob, top=list(e.top[:n]),
+                             post_prob=e.post_prob if read.post else None,
+                             post_top=list(e.post_top[:n]) if read.post else None))
+        return Looped(out, "", res.draft_n, res.draft_n_accepted, res.server_draft_n is not None)

@@ -1,9 +1,11 @@
 """Evaluate the target over a transcript's tokens with the server's decode schedule: the truth.
 
-The truth of a generated token is what an unspeculating server reports for it: the prompt in the
-server's prompt batches, then one decode per generated token, the token's values read from the row
-that scored it. recover writes it and compares with it; trace's verify-row values (loop/loop.py) are
-the other schedule, what a patched speculating server sends (docs/architecture.md).
+The truth of a generated token is what the server computed for it, in the decode it computed it in
+(what a server patched to report real probabilities sends: docs/architecture.md, "The truth"): the
+prompt in the server's prompt batches, then each generated token's row decoded alone in its kind
+(`scored`: a one-token decode with the server's -t, a verify-batch row with one thread, which gives
+the batch row bit for bit). Where the transcript does not show the batches, recover takes the values
+from the loop replayed instead (commands/looped.py).
 
 Why the schedule matters (docs/numerics.md): on CPU the matmul kernel
 depends on the batch's row count, so teacher-forcing prompt + completion in one

@@ -19,8 +19,9 @@ One request on a fresh single-slot server (`-np 1`), as tools/server/server-cont
 
 Every emitted token carries its verify-row values, the ones a fixed server would report: the
 pre-sampling softmax of the verify row that scored it, and the post-sampling candidates of the
-target chain there. They are not recover's truth (one decode per token, evaluation/walk.py): the
-verify batches' numerics differ (docs/architecture.md, "The truth, and the other schedule").
+target chain there: recover's truth (docs/architecture.md, "The truth"). recover computes most rows
+one at a time in their kind (evaluation/walk.py, schedule/rows.py) and takes them from this loop where
+the transcript does not show the server's batches (commands/looped.py).
 """
 from __future__ import annotations
 

@@ -98,12 +98,14 @@ def _witness(r, rec: Record, k: int, repack: bool) -> Outcome:  # pragma: no cov
 def _child_signatures(job: ProbeJob, index: int, variant: str,
                       repacks: Sequence[bool]) -> list[tuple[bool, str | None]]:  # pragma: no cover
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on
-    the context record `index` is replayed with."""
+    the context record `index` is replayed with, on this probe's share of the cores: the signature's
+    context is too short for the thread-split path (fewer than 512 KV cells), so no thread count changes
+    it, and more threads than cores (probes run side by side) make ggml's threads wait on each other."""
     from replay.runtime.binding import loaded_variant
     from replay.runtime.llama import Model, model_params
     from replay.runtime.signature import kernel_signature
     from replay.settings import resolve
-    from replay.settings.config import thread_count
+    from replay.settings.config import host_cores
     try:
         if loaded_variant() != variant:
             return [(r, None) for r in repacks]
@@ -118,7 +120,7 @@ def _child_signatures(job: ProbeJob, index: int, variant: str,
                 out.append((repack, kernel_signature(m, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                                      flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
                                                      type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
-                                                     threads=thread_count(cfg))))
+                                                     threads=host_cores())))
         except SpecReplayError:
             out.append((repack, None))
     return out

@@ -100,7 +100,9 @@ def _child_signatures(job: ProbeJob, index: int, variant: str,
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on
     the context record `index` is replayed with, on this probe's share of the cores: the signature's
     context is too short for the thread-split path (fewer than 512 KV cells), so no thread count changes
-    it, and more threads than cores (probes run side by side) make ggml's threads wait on each other."""
+    it, and more threads than cores (probes run side by side) make ggml's threads wait on each other.
+    Without repack after a load with it whose weights took no extra buffer type, the same signature
+    (the same computation, as _child_probe's twins)."""
     from replay.runtime.binding import loaded_variant
     from replay.runtime.llama import Model, model_params
     from replay.runtime.signature import kernel_signature
@@ -114,13 +116,19 @@ def _child_signatures(job: ProbeJob, index: int, variant: str,
     except SpecReplayError:
         return [(r, None) for r in repacks]
     out: list[tuple[bool, str | None]] = []
-    for repack in repacks:
+    took_extra: bool | None = None
+    for repack in sorted(repacks, reverse=True):  # with repack first: its load says whether it changed anything
+        if not repack and took_extra is False and out and out[0][1]:
+            out.append((False, out[0][1]))  # no weight took an extra buffer type: the same buffers, the same kernels
+            continue
         try:
             with Model(job.inputs.model, **model_params({**job.flags, "no_repack": not repack})) as m:
                 out.append((repack, kernel_signature(m, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                                      flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
                                                      type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
                                                      threads=host_cores())))
+                if repack:
+                    took_extra = bool(m.buffers)
         except SpecReplayError:
             out.append((repack, None))
     return out

@@ -44,10 +44,9 @@ from replay.schedule.prompt import NO_SPANS
 from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv
 from replay.settings import BY_ATTR
 from replay.tokens.prompt_ids import message_spans
-from replay.transcripts.readers import shared_evidence
 from replay.transcripts.entries import drafted, n_generated
 from replay.transcripts.plan import Gap, entry_at
-from replay.transcripts.readers import Record
+from replay.transcripts.readers import Record, shared_evidence
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,7 @@ from replay.schedule.memory import SlotConfig
 from replay.schedule.prompt import MessageSpans
 from replay.settings import resolve
 from replay.tokens.prompt_ids import message_spans
-from replay.transcripts.readers import shared_evidence
-from replay.transcripts.readers import Record
+from replay.transcripts.readers import Record, shared_evidence
 from replay.tuning import calibrate
 from replay.tuning.costs import CostTable
 from replay.tuning.measure import measure

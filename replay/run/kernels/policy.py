@@ -28,9 +28,8 @@ from replay.runtime import binding, health
 from replay.runtime.engine import KernelChoice
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
-from replay.transcripts.readers import shared_evidence
 from replay.transcripts.entries import n_prompt_cached
-from replay.transcripts.readers import Record
+from replay.transcripts.readers import Record, shared_evidence
 
 Say = Callable[[str], None]  # one line of what the choice is doing (stderr on the command line)
 

@@ -151,3 +151,31 @@ def test_a_server_with_other_kernels_is_filled_kept_measured_and_reported(generi
         for a, b in zip(fixed, sent):
             if b.top:  # a real entry
                 assert (a.logprob, a.top) == (b.logprob, b.top)
+
+
+LONG = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
+        "in his book. ") * 45 + "Retell the story in your own words."  # 1,170 tokens in the chat template
+
+
+def test_the_drafts_thread_count_is_the_servers_from_its_recorded_flags(b11434, smollm2, smollm2_draft, tmp_path):
+    """-td (--spec-draft-threads) is the draft context's thread count (common/speculative.cpp:2553-2556).
+    Past 256 positions a one-token decode splits its KV sum by thread (ggml-cpu/ops.cpp:9489), so the
+    draft's probabilities, and with --spec-draft-p-min its draft lengths, depend on it. From a server
+    started with -t 2 -td 1, trace reads -td from the transcript's flags and drafts what the server drafted
+    (44 of 44); on the target's count, 2, it drafts another total (measured 45) and says so."""
+    cfg = ServerConfig(smollm2, n_ctx=4096, draft_model=smollm2_draft, spec_types=("draft-simple",), draft_threads=1,
+                       draft_p_min=0.9)
+    with LlamaServer(cfg, binary=b11434.server) as srv:
+        t = record_one(srv.url, RequestItem("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": LONG}], "max_tokens": 64, "logprobs": True, "top_logprobs": 2,
+            "temperature": 0.0, "seed": 3}), srv.config.flags_block())
+    assert t["server"]["flags"]["--spec-draft-threads"] == 1
+    src = tmp_path / "td1.json"
+    src.write_text(dumps(t))
+    r = CliRunner().invoke(main, ["trace", str(src), "-m", str(smollm2), "-md", str(smollm2_draft), "--json"])
+    assert r.exit_code == 0, r.output[-1500:]
+    rec = json.loads(r.stdout)  # one record: its trace
+    assert rec["reproduced"] and (rec["draft_n"], rec["draft_n_accepted"]) == (
+        rec["server_draft_n"], rec["server_draft_n_accepted"]), rec["first_divergence"]
+    r = CliRunner().invoke(main, ["trace", str(src), "-m", str(smollm2), "-md", str(smollm2_draft), "-td", "2"])
+    assert r.exit_code == 1 and "the draft totals differ" in r.output, r.output[-1500:]

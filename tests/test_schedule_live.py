@@ -232,3 +232,65 @@ def test_a_checkpointing_target_is_the_patched_servers_through_the_loop(case, b1
     print(f"{case}: the one-token schedule's values, labelled approximate: max |recovered - patched| {off:.3g} "
           "on the tokens' own logprobs")
     assert off > 1e-4, off  # what the loop replay removes (measured 0.006 and 0.353)
+
+
+OTHER = ("A baker in a small town rose before dawn to knead bread, and sold loaves to farmers at the market. ")
+COPIES = [STORY * 45, OTHER * 42, STORY * 30]  # three unrelated prompts of 760-1,120 tokens, then a copy
+
+
+def _copy_session(binary, cfg: ServerConfig) -> list[dict]:
+    """Three /completion requests one after another on one fresh server, as an eval harness sends them."""
+    with LlamaServer(cfg, binary=binary) as srv:
+        return [record_one(srv.url, RequestItem("/completion", {
+            "prompt": text + "\nRepeat the text above exactly:\n\n" + text[:300], "n_predict": 64, "n_probs": 2,
+            "temperature": 0.0, "seed": 9}), srv.config.flags_block()) for text in COPIES]
+
+
+def _recover_file(records: list[dict], model, tmp_path, *args):
+    src = tmp_path / "session.jsonl"
+    src.write_text("".join(dumps(t, indent=None) + "\n" for t in records))
+    return src, run("recover", src, "-m", model, "-o", tmp_path / "session.repaired.jsonl", "--force", "--json", *args)
+
+
+def test_requests_in_turn_on_a_default_4_slot_server_are_the_patched_servers(b11434, patched, smollm2, tmp_path):
+    """Sequential unrelated requests on a default-flag server (4 slots, one unified KV cache) go to
+    different slots (the least recently used), yet none of them decodes over another slot's cells: when a
+    task starts, the server saves its idle slots to the prompt cache and clears them
+    (server-context.cpp:2641-2655, --cache-idle-slots, on by default). So every record, recovered on a
+    context of its own, has the patched server's values, one-token decodes past 256 positions included."""
+    cfg = ServerConfig(smollm2, n_ctx=8192, spec_types=("ngram-mod",), n_parallel=-1)
+    plain, truth = _copy_session(b11434.server, cfg), _copy_session(patched.server, cfg)
+    slots = [t["response"]["id_slot"] for t in plain]
+    assert len(set(slots[:2])) == 2, slots  # the second request ran on another slot than the first
+    src, r = _recover_file(plain, smollm2, tmp_path)
+    assert r.exit_code == 0, r.output[-3000:]
+    reports = json.loads(r.stdout)["records"]
+    assert all(rep["numerics"]["cause"] is None for rep in reports), [rep["numerics"] for rep in reports]
+    for k, (line, want) in enumerate(zip((tmp_path / "session.repaired.jsonl").read_text().splitlines(), truth)):
+        worst, n = _max_diff(json.loads(line), want)
+        print(f"\nrequest {k + 1} (slot {slots[k]}): rows {reports[k]['schedule']['rows']}; max |recovered - patched| "
+              f"{worst:.3g} over {n}")
+        assert worst == 0.0, (k, worst)
+    assert reports[1]["schedule"]["rows"]["alone_split"] >= 10  # the second request's one-token decodes past 256
+
+
+def test_a_4_slot_server_that_keeps_idle_slots_is_named_as_the_cause(b11434, smollm2, tmp_path):
+    """With --cache-ram 0 (no prompt cache, so idle slots are not cleared: server-context.cpp:1553-1557)
+    the first request's cells stay in the unified cache and every later decode's attention views them,
+    masked, in its chunks: the second request's real values then differ from a replay on a context of its
+    own (measured 0.013 nats on its first entry). The recorded flags say why, so recover judges them as it
+    judges shared batches, names that cause and says which values are kept; from a bare dump, the one
+    line names --cache-ram 0 among the causes."""
+    cfg = ServerConfig(smollm2, n_ctx=8192, spec_types=("ngram-mod",), n_parallel=-1, cache_ram_mib=0)
+    plain = _copy_session(b11434.server, cfg)
+    assert plain[0]["server"]["flags"]["--cache-ram"] == 0
+    src, r = _recover_file(plain, smollm2, tmp_path)
+    assert r.exit_code == 0, r.output[-3000:]
+    second = json.loads(r.stdout)["records"][1]["numerics"]
+    assert second["cause"] == "KV layout" and second["judged_by"] == "evidence", second
+    assert "other slots' cells" in second["why"] and "--cache-ram 0" in second["why"], second
+    assert second["weighted_diff_first_entry"] > 1e-4, second  # the cells change values: not judged for nothing
+    bare = [{**t, "server": {k: v for k, v in t["server"].items() if k != "flags"}} for t in plain]
+    src, r = _recover_file(bare, smollm2, tmp_path)
+    line = one_error(r)
+    assert "#2 token 0" in line and "--cache-ram 0" in line, line

@@ -106,7 +106,7 @@ class Recoverer:
         self.kernels = kernels
         # why each record's batches may have been shared, judged over the whole file (records that ran
         # at the same time show each other): transcripts/readers.py shared_evidence
-        self.shared = shared_evidence(records, self.flags.get("n_parallel"), self.options.shared_batches)
+        self.shared = shared_evidence(records, self.flags, self.options.shared_batches)
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,
                                                                   **model_params(self.flags))

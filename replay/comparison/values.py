@@ -80,6 +80,9 @@ BATCH_BOUND = 0.25
 # (reading/identity.py). A model every record's first entry is this far from is not the server's,
 # whatever else may have moved the values.
 FIRST_ENTRY_BOUND = 0.2
+# The words of settings/config.py idle_cells_kept's evidence: other slots' cells in a unified cache (same
+# judgement as shared batches, a weaker form of the same cause: other sequences' cells in the KV view).
+KEPT_CELLS = "keeps idle slots' cells"
 
 
 def tops_agree(server: list[tuple[int | None, float]], true: list[tuple[int, float]], tol: float) -> bool:
@@ -209,9 +212,13 @@ def numerics_cause(shared: str | None, kernels: str | None) -> str | None:
     True
     >>> numerics_cause("a 4-slot server (/props total_slots)", None)
     'batches shared with other requests on a 4-slot server (/props total_slots)'
+    >>> numerics_cause("a 4-slot unified KV cache that keeps idle slots' cells (--cache-ram 0)", None)
+    "other slots' cells in its KV view, on a 4-slot unified KV cache that keeps idle slots' cells (--cache-ram 0)"
     """
     causes = []
-    if shared:
+    if shared and KEPT_CELLS in shared:  # settings/config.py idle_cells_kept
+        causes.append(f"other slots' cells in its KV view, on {shared}")
+    elif shared:
         causes.append(f"batches shared with other requests on {shared}" if shared.startswith("a ")
                       else f"batches shared with other requests ({shared})")
     if kernels:
@@ -226,8 +233,11 @@ def numerics_kind(shared: str | None, kernels: str | None) -> str | None:
     ('batch composition', 'kernels', 'batch composition and kernels')
     >>> numerics_kind(None, None) is None
     True
+    >>> numerics_kind("a 4-slot unified KV cache that keeps idle slots' cells (--cache-ram 0)", None)
+    'KV layout'
     """
-    kinds = (["batch composition"] if shared else []) + (["kernels"] if kernels else [])
+    kinds = (["KV layout" if KEPT_CELLS in shared else "batch composition"] if shared else []) + (
+        ["kernels"] if kernels else [])
     return " and ".join(kinds) or None
 
 

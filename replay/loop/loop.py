@@ -46,7 +46,7 @@ from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, post_sampli
 from replay.schedule.memory import SlotConfig
 from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS, MessageSpans
-from replay.settings import SpecConfig
+from replay.settings import SpecConfig, draft_thread_count
 from replay.settings.sampling import Effective
 from replay.transcripts.utf8 import utf8_complete
 
@@ -232,10 +232,14 @@ class SpeculativeLoop:
         types, draft_model = self._drafting(spec, era, target, draft_model)
         self.owns_memory = slot_state is None
         self.state = state = slot_state if slot_state is not None else SlotState()
-        # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types, -ctkd/-ctvd
+        # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types, -ctkd/-ctvd,
+        # and threads, -td
         draft_types = (spec.draft_cache_type_k, spec.draft_cache_type_v)
-        key = (str(target.path), slot_config, str(draft_model.path) if draft_model is not None else None, draft_types)
-        self.memory, self.continued = state.memory_for(key, lambda: slot_config.open(target, draft_model, draft_types))
+        draft_threads = draft_thread_count(spec)
+        key = (str(target.path), slot_config, str(draft_model.path) if draft_model is not None else None, draft_types,
+               draft_threads)
+        self.memory, self.continued = state.memory_for(
+            key, lambda: slot_config.open(target, draft_model, draft_types, draft_threads))
         self.ctx = self.memory.ctx
         # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
         # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)

@@ -172,12 +172,13 @@ class RecoverResult:
                    f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
                    "not the server's")
         elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
-            short = (f"{r.weighted_diff:.3f} nats, as other kernels or shared batches give: "
-                     "-ngl/-dev/--server-backend or --shared-batches if so")
-            why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or shared batches would: if "
-                    "the server ran on a GPU or another CPU, say so with -ngl/-dev or --server-backend; if it "
-                    "decoded these requests together with others (several slots serving at once), with "
-                    "--shared-batches")
+            short = (f"{r.weighted_diff:.3f} nats, as other kernels, shared batches or kept slots give: "
+                     "-ngl/-dev/--server-backend, --shared-batches, or the server's --cache-ram 0 if so")
+            why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or other requests' rows or "
+                    "cells would: if the server ran on a GPU or another CPU, say so with -ngl/-dev or "
+                    "--server-backend; if it decoded these requests together with others (several slots serving "
+                    "at once), with --shared-batches; if it kept idle slots' cells in a unified cache (several "
+                    "slots with --cache-ram 0 or --no-cache-idle-slots), give those flags")
         beyond = r.weighted_diff is not None and r.weighted_diff > r.bound  # farther than any numerics go
         if r.cpu and r.cpu.get("how") == "given" and not beyond:
             short = f"--server-cpu {r.cpu['variant']} is not the server's kernels (leave it out to find them)"
@@ -185,7 +186,7 @@ class RecoverResult:
                    "kernels are found from the transcript's first entry")
         elif r.cpu and r.cpu.get("how") == "matched" and r.cpu.get("record") is not None \
                 and r.cpu["record"] + 1 != r.record:
-            short += f"; record {r.cpu['record'] + 1} matched other kernels: recover this one separately"
+            short += f"; kernels matched on record {r.cpu['record'] + 1}: if this one is from another machine, recover it apart"
             why += (f"; record {r.cpu['record'] + 1}'s first entry matched the {r.cpu['variant']} kernels: this record "
                     "may come from another machine (recover it separately)")
         threads = (r.schedule or {}).get("threads") or {}

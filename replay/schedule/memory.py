@@ -94,21 +94,25 @@ class SlotConfig:
                           cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full, n_seq_max, unified, cfg.n_ctx_checkpoints,
                           min_step_given(cfg), rules_of_build(build), build)
 
-    def context(self, model: Model, type_k: str | None = None, type_v: str | None = None) -> Context:
+    def context(self, model: Model, type_k: str | None = None, type_v: str | None = None,
+                threads: int | None = None) -> Context:
         """A context for `model` made as the server makes the slot's; the draft model's takes its own KV
-        types (-ctkd/-ctvd: common_base_params_to_speculative, common/speculative.cpp:2527-2560)."""
-        return Context(model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch, n_threads=self.threads,
+        types (-ctkd/-ctvd) and threads (-td, where given: common_base_params_to_speculative,
+        common/speculative.cpp:2527-2560)."""
+        return Context(model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                       n_threads=threads or self.threads,
                        n_threads_batch=host_cores(),
                        flash_attn=self.flash_attn, type_k=type_k or self.type_k, type_v=type_v or self.type_v,
                        swa_full=self.swa_full, n_seq_max=self.n_seq_max, kv_unified=self.kv_unified)
 
     def open(self, target: Model, draft: Model | None = None,
-             draft_types: tuple[str, str] = ("f16", "f16")) -> "SlotMemory":
-        """A fresh slot: the target's context (and the draft model's), with the checkpoint rules of the
-        target's memory. The slot owns its contexts (SlotMemory.close)."""
+             draft_types: tuple[str, str] = ("f16", "f16"), draft_threads: int | None = None) -> "SlotMemory":
+        """A fresh slot: the target's context (and the draft model's, on `draft_threads`: None, the
+        target's), with the checkpoint rules of the target's memory. The slot owns its contexts
+        (SlotMemory.close)."""
         ctx = self.context(target)
         removes = ctx.removes_suffixes()
-        dctx = self.context(draft, *draft_types) if draft is not None else None
+        dctx = self.context(draft, *draft_types, threads=draft_threads) if draft is not None else None
         rules = checkpoint_rules(target, removes, n_ctx_checkpoints=self.n_ctx_checkpoints,
                                  min_step=self.min_step, swa_full=self.swa_full, build=self.build)
         return SlotMemory(ctx, rules, n_swa=0 if self.swa_full else target.n_swa, draft=dctx,

@@ -6,7 +6,9 @@ from replay.settings.config import (
     SpecConfig,
     check_props,
     describe,
+    draft_thread_count,
     flags_block,
+    idle_cells_kept,
     kv_layout,
     recorded_flags,
     resolve,
@@ -14,4 +16,4 @@ from replay.settings.config import (
 from replay.settings.table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
 
 __all__ = ["BY_ATTR", "BY_FLAG", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_props",
-           "describe", "flags_block", "recorded_flags", "resolve", "rows"]
+           "describe", "draft_thread_count", "flags_block", "idle_cells_kept", "recorded_flags", "resolve", "rows"]

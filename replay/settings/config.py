@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+from replay.errors import SettingsError
 from replay.settings.table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
 
 # A replay's context and threads where the server's were left to it: --ctx-size 0 (the model's
@@ -103,6 +104,49 @@ def kv_layout(cfg: Any, recorded: Mapping[str, Any] | None = None) -> tuple[int,
     asked = (recorded or {}).get("--parallel") if cfg.sources.get("n_parallel") == "/props" else n
     unified = cfg.kv_unified or asked is None or asked < 1
     return (n, True) if unified else (1, False)
+
+
+def draft_thread_count(spec: Any) -> int | None:
+    """The draft context's thread count: --spec-draft-threads (-td) where given, else None (the target's
+    -t: postprocess_cpu_params, common/arg.cpp:889, applied at common/speculative.cpp:2553-2556). A count of 0
+    or less makes the server take its machine's cores (common/arg.cpp:3995-3998), which no transcript says.
+
+        >>> draft_thread_count(SpecConfig()) is None                     # not given: the target's -t
+        True
+        >>> draft_thread_count(SpecConfig(draft_threads=1, sources={"draft_threads": "server.flags"}))
+        1
+    """
+    n = spec.draft_threads
+    if spec.sources.get("draft_threads", "default") == "default" or n is None:
+        return None
+    if n <= 0:
+        raise SettingsError(f"--spec-draft-threads {n}: the server took its own machine's core count, which a "
+                            "replay cannot know: give that count")
+    return n
+
+
+def idle_cells_kept(cfg: Any, recorded: Mapping[str, Any] | None = None) -> str | None:
+    """Why other slots' cells may have stayed in the KV cache this server decoded a request in, or None.
+
+    On a unified cache (kv_layout) every decode's attention views the cells of all slots, masked where they
+    are another slot's; where several views hold other cells, the kernels' chunks over them move values
+    (measured 0.013 nats on a first entry of SmolLM2 Q4_1 behind another slot's 1,179 cells, b11434).
+    By default the server saves idle slots to its prompt cache and clears them when a task starts
+    (server-context.cpp:2641-2655), so a lone request's view holds its own cells only; with --cache-ram 0
+    (which turns that off, server-context.cpp:1553-1557) or --no-cache-idle-slots they stay.
+
+        >>> idle_cells_kept(ContextConfig(n_parallel=-1)) is None                      # the default: cleared
+        True
+        >>> idle_cells_kept(ContextConfig(n_parallel=-1, cache_ram_mib=0))
+        "a 4-slot unified KV cache that keeps idle slots' cells (--cache-ram 0)"
+        >>> idle_cells_kept(ContextConfig(n_parallel=4, no_cache_idle_slots=True)) is None   # a stream per slot
+        True
+    """
+    n_seq, unified = kv_layout(cfg, recorded)
+    if n_seq <= 1 or not unified:
+        return None
+    why = "--cache-ram 0" if cfg.cache_ram_mib == 0 else "--no-cache-idle-slots" if cfg.no_cache_idle_slots else None
+    return None if why is None else f"a {n_seq}-slot unified KV cache that keeps idle slots' cells ({why})"
 
 
 def dig(obj: Any, path: str) -> Any:

@@ -141,6 +141,11 @@ SETTINGS: tuple[Setting, ...] = (
           aliases=("-ctkd", "--cache-type-k-draft"), choices=KV_CACHE_TYPES, source="common/arg.cpp:4100"),
     _spec("--spec-draft-type-v", "draft_cache_type_v", "choice", "f16", "KV cache type for V of the draft model",
           aliases=("-ctvd", "--cache-type-v-draft"), choices=KV_CACHE_TYPES, source="common/arg.cpp:4113"),
+    _spec("--spec-draft-threads", "draft_threads", "int", -1,
+          "threads of the draft model's decodes (-1: the target's -t). Past 256 positions a one-token decode "
+          "splits its KV sum by thread, so the count moves the draft's values and can move its drafts; 0 or "
+          "less given: the server machine's cores (give the count)",
+          aliases=("-td", "--threads-draft"), metavar="N", source="common/arg.cpp:3992"),
     _spec("--spec-draft-n-max", "draft_n_max", "int", 3, "tokens to draft per step (draft-simple)",
           metavar="N", source="common/arg.cpp:4150"),
     _spec("--spec-draft-n-min", "draft_n_min", "int", 0, "minimum draft length, shorter drafts are dropped",
@@ -205,6 +210,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--kv-unified", "kv_unified", "context", "flag", False,
             "one KV buffer for all slots (default with -np auto); sizes the sliding-window cache for every slot",
             aliases=("-kvu",), transcript="kv_unified", source="common/arg.cpp:1727"),
+    Setting("--cache-ram", "cache_ram_mib", "context", "int", 8192,
+            "the host prompt cache in MiB (0: none). With 0 (or --no-cache-idle-slots) a unified cache keeps idle "
+            "slots' cells, which widen the KV view of every later decode (settings/config.py idle_cells_kept)",
+            aliases=("-cram",), metavar="N", transcript="cache_ram_mib", source="common/arg.cpp:1719"),
+    Setting("--no-cache-idle-slots", "no_cache_idle_slots", "context", "flag", False,
+            "idle slots are not saved and cleared when a task starts: on a unified cache their cells stay and "
+            "widen the KV view of later decodes", transcript="no_cache_idle_slots", source="common/arg.cpp:1735"),
     Setting("--gpu-layers", "n_gpu_layers", "context", "str", "auto",
             "layers offloaded to a GPU: N, auto or all. The server's: with a GPU its values come from other "
             "kernels than a CPU replay's (judged like batching, see recover). A replay offloads the same "

@@ -25,10 +25,10 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from replay.errors import TranscriptError, json_error
-from replay.settings import check_props, recorded_flags
+from replay.settings import check_props, idle_cells_kept, recorded_flags, resolve
 from replay.transcripts.format import CHAT, CMPL, FORMAT, NATIVE, VERSION
 
 
@@ -165,18 +165,28 @@ def overlapping(records: Sequence[Record]) -> dict[int, str]:
     return out
 
 
-def shared_evidence(records: Sequence[Record], n_parallel: int | None, option: bool) -> dict[int, str]:
-    """{record index: why its batches may have been shared with other requests} for every record where
+def shared_evidence(records: Sequence[Record], flags: Mapping[str, Any] | None, option: bool) -> dict[int, str]:
+    """{record index: why its decodes may have seen other requests' rows or cells} for every record where
     something shows it: the record itself (Record.busy_when_sent: another slot busy in /slots), the
-    records it overlapped in time, or the user's --shared-batches (`option`). A slot count or a slot id
-    alone shows nothing: a lone request on a 4-slot server runs alone. (`n_parallel`: kept for callers.)"""
+    records it overlapped in time, a server whose flags keep idle slots' cells in a unified cache
+    (settings/config.py idle_cells_kept; `flags`: ours by attr, over the record's own), or the user's
+    --shared-batches (`option`). A slot count or a slot id alone shows nothing: a lone request on a
+    4-slot server runs alone, and by default the server clears idle slots when a task starts."""
     overlaps = overlapping(records)
     out = {}
     for rec in records:
-        why = rec.busy_when_sent() or overlaps.get(rec.index) or ("--shared-batches" if option else None)
+        why = rec.busy_when_sent() or overlaps.get(rec.index) or _cells_kept(rec, flags) or (
+            "--shared-batches" if option else None)
         if why:
             out[rec.index] = why
     return out
+
+
+def _cells_kept(rec: Record, flags: Mapping[str, Any] | None) -> str | None:
+    try:
+        return idle_cells_kept(resolve("context", flags=flags, recorded=rec.flags, props=rec.props), rec.flags)
+    except ValueError:  # a value llama-server would not take: the record's own reading says so in one line
+        return None
 
 
 def fingerprint(rec: Record) -> str | None:

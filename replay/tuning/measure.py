@@ -63,7 +63,8 @@ def _decode_costs(ctx: Context, sizes: Iterable[int], depth: int, token: int, *,
 
 def measure(target: Model, draft: Model | None, slot: SlotConfig, params: SamplingParams, *,
             target_sizes: Iterable[int], draft_sizes: Iterable[int], depth: int, tokens: Sequence[int],
-            draft_types: tuple[str, str] = ("f16", "f16"), reps: int = REPS) -> CostTable:
+            draft_types: tuple[str, str] = ("f16", "f16"), draft_threads: int | None = None,
+            reps: int = REPS) -> CostTable:
     """The cost table (module docstring): decodes of each size in `target_sizes` / `draft_sizes` at KV depth
     `depth` (filled with `tokens`; less where the context cannot hold it, and the source says so), the target
     chain built from `params` (one request's: tune passes the first record's, and its slot) and the draft
@@ -91,7 +92,7 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
         chain.close()
     d_costs, d_sample = {}, 0.0
     if draft is not None:
-        dctx = slot.context(draft, *draft_types)
+        dctx = slot.context(draft, *draft_types, threads=draft_threads)
         try:
             if not dctx.removes_suffixes():
                 raise ModelError(f"the draft model {draft.path.name} keeps a recurrent state that cannot drop the rows "

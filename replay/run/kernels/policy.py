@@ -137,7 +137,7 @@ def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], cr
             say: Say) -> KernelChoice:
     """The candidate whose evaluation of the witnesses' first entries is the server's (choice.py)."""
     records, options = job.inputs.records, job.options
-    evidence = shared_evidence(records, job.flags.get("n_parallel"), options.shared_batches)
+    evidence = shared_evidence(records, job.flags, options.shared_batches)
     shared = next(iter(evidence.values()), None)
     ks = witnesses(records, shared=shared is not None)
     best = candidates[0]

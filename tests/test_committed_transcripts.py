@@ -163,6 +163,7 @@ def test_a_request_without_a_fixed_seed_cannot_be_traced(tmp_path):
 def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_and_says_so(tmp_path):
     t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
     t["server"]["speculative"]["types"] = []
+    del t["response"]["generation_settings"]["speculative.types"]  # /completion echoes them too
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
     r = run("trace", p, "-m", tiny_target(), "--json")

@@ -91,6 +91,9 @@ def test_in_era_c_the_draft_model_alone_enables_draft_simple_in_trace(tmp_path):
     explicitly enabled - enabling it"); trace loaded the draft model only for a listed draft-simple, so
     it replayed such a server as not speculating at all."""
     src = _edited(tmp_path, {})
+    t = json.loads(src.read_text())
+    t["response"]["generation_settings"]["speculative.types"] = "none"  # started without --spec-type
+    src.write_text(json.dumps(t))
     r = run("trace", src, "-m", tiny_target(), "-md", tiny_draft(), "--build", "9400", "--json")
     res = json.loads(r.stdout)
     assert any("enables draft-simple itself" in n for n in res["notes"]), res["notes"]

@@ -41,8 +41,8 @@ from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv
-from replay.settings import BY_ATTR
+from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv, tiled_verify
+from replay.settings import BY_ATTR, longest_draft
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.entries import drafted, n_generated
 from replay.transcripts.plan import Gap, entry_at
@@ -351,7 +351,9 @@ class Recoverer:
             threads["candidates"] = list(self._threads_found or ())
         schedule = {**schedule_of(slot, spans), "rows": rows, "threads": threads}
         approx, why = approximate_from(token_kinds, len(prompt), checkpoints=slot.rules.enabled,
-                                       flash_attn_off=cfg.flash_attn == "off")
+                                       flash_attn_off=cfg.flash_attn == "off",
+                                       tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k,
+                                                          cfg.type_v))
         if approx is not None:
             schedule["approximate_from"] = approx
         return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why, tuple(token_kinds))
@@ -421,13 +423,18 @@ def result_of(records: list[Record], done: list[Recovered], original: str) -> Re
 
 
 def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,
-                     flash_attn_off: bool) -> tuple[int | None, str]:
+                     flash_attn_off: bool, tiled: bool = False) -> tuple[int | None, str]:
     """The first token whose values this replay cannot compute in the decodes the server computed them in,
     and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py).
 
     A checkpointing target past 256 positions: the server decoded accepted tokens again after restoring a
     checkpoint, in batches the transcript does not show. Flash attention off, from the first token a verify
-    batch scored: the batch's attention matmuls take another path for several rows than for one.
+    batch scored: the batch's attention matmuls take another path for several rows than for one. The same
+    where a verify batch can have 64 rows or more (`tiled`: schedule/rows.py tiled_verify): its attention is
+    computed tile by tile, and how many rows a batch had (rejected drafts included) the transcript does not show.
+
+    >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=False, flash_attn_off=False, tiled=True)[0]
+    2
 
     >>> approximate_from([None, ALONE, BATCHED, BATCHED], 300, checkpoints=False, flash_attn_off=True)[0]
     2
@@ -450,4 +457,8 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
         return k, ("with flash attention off (-fa off) a verify batch's attention takes other matmul kernels for "
                    "several rows than a one-row decode does, so its rows and the KV they wrote are not reproduced "
                    "one row at a time")
+    if tiled:
+        k = next(k for k in range(1, len(kinds)) if kinds[k] == BATCHED)
+        return k, ("this server drafts up to 63 tokens or more, and a verify batch of 64 rows or more computes its "
+                   "attention tile by tile (ggml-cpu ops.cpp:9545-9566), which one-row decodes do not reproduce")
     return None, ""

@@ -8,6 +8,7 @@ here decodes.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -18,6 +19,7 @@ from replay.reading.identity import Compared, ModelFacts, check_vocabulary, comp
 from replay.reading.settings import request_settings
 from replay.runtime.llama import Model
 from replay.settings import ContextConfig, SpecConfig, resolve
+from replay.settings.table import SPEC_TYPES
 from replay.settings.sampling import Effective
 from replay.tokens.prompt_ids import prompt_ids, server_tokens
 from replay.tokens.server_view import server_view
@@ -97,7 +99,7 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
     final = rec.final()
     notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
                                     if view is not None else [])
-    spec = resolve("speculative", flags=dict(flags), recorded=rec.flags, props=rec.props)
+    spec = echoed_types(resolve("speculative", flags=dict(flags), recorded=rec.flags, props=rec.props), final)
     return ReadRecord(
         rec=rec, post=bool(rec.request.get("post_sampling_probs")), settings=settings, shape=shape, plan=plan,
         prompt=tuple(prompt), notes=tuple(notes),
@@ -105,6 +107,25 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
         speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
         slots=rec.slots(flags.get("n_parallel")), shared=shared or rec.busy_when_sent(),
         identity=identity)
+
+
+def echoed_types(spec: SpecConfig, final: dict | None) -> SpecConfig:
+    """`spec` with the speculative types the response echoes where nothing else gave them: /completion's
+    `generation_settings` carries the slot's "speculative.types" (tools/server/server-task.cpp:140, the
+    params' to_json), the server's own --spec-type, which /props reports as "none" whatever it runs.
+
+    >>> echoed_types(SpecConfig(sources={"spec_types": "default"}),
+    ...              {"generation_settings": {"speculative.types": "none,ngram-mod"}}).spec_types
+    ('ngram-mod',)
+    """
+    said = ((final or {}).get("generation_settings") or {}).get("speculative.types")
+    if spec.sources.get("spec_types", "default") != "default" or not isinstance(said, str):
+        return spec
+    types = tuple(t.strip() for t in said.split(",") if t.strip() not in ("", "none"))
+    if not types or any(t not in SPEC_TYPES for t in types):
+        return spec
+    return dataclasses.replace(spec, spec_types=types,
+                               sources={**spec.sources, "spec_types": "generation_settings"})
 
 
 def speculating_types(value) -> bool:

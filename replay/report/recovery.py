@@ -18,6 +18,7 @@ from replay.comparison.values import (
 from replay.errors import Exit
 from replay.report import schema as report_json
 from replay.report.schema import REPORT_FORMAT, REPORT_VERSION
+from replay.schedule.rows import split_kv
 from replay.transcripts.files import write_atomic
 
 
@@ -191,7 +192,19 @@ class RecoverResult:
                     "may come from another machine (recover it separately)")
         threads = (r.schedule or {}).get("threads") or {}
         split = ((r.schedule or {}).get("rows") or {}).get("alone_split", 0)
-        if not beyond and t.index > 0 and split and threads.get("source") in ("default", "identified"):
+        # a real entry after the first is a one-token decode's: one past 256 positions that agreed before this
+        # token shows the thread count right, and a verify batch between them is where the values part
+        counted = [x for x in r.tokens[1:t.index] if x.status == "ok" and split_kv(r.prompt_tokens + x.index - 1)]
+        batch = counted and any(x.status == "placeholder" for x in r.tokens[counted[-1].index:t.index])
+        if not beyond and t.index > 0 and batch and "loop" not in (r.schedule or {}):
+            short = (f"values part after a verify batch whose rows this replay did not rebuild: give the server's "
+                     f"--spec-type (n-gram drafts of 63+ tokens verify in 64-row tiled batches)")
+            why += (f"; its one-token values past 256 positions agreed up to token {counted[-1].index}, then a "
+                    "verify batch came, and after it they disagree: a batch this replay computed row by row that "
+                    "the server computed otherwise (a draft of 63 tokens or more verifies in a batch of 64 rows or "
+                    "more, tile by tile: ggml-cpu ops.cpp:9545-9566); give the server's --spec-type (and -md) so "
+                    "that recover replays its loop")
+        elif not beyond and t.index > 0 and split and threads.get("source") in ("default", "identified"):
             how = "assumed" if threads.get("source") == "default" else "found from its first such value"
             short = (f"the server's -t? {split} real value(s) came from one-token decodes past 256 positions, "
                      f"which its thread count changes: give --threads N ({threads.get('value')} {how})")

@@ -10,10 +10,12 @@ from replay.settings.config import (
     flags_block,
     idle_cells_kept,
     kv_layout,
+    longest_draft,
     recorded_flags,
     resolve,
 )
 from replay.settings.table import BY_ATTR, BY_FLAG, SETTINGS, Setting, rows
 
 __all__ = ["BY_ATTR", "BY_FLAG", "SETTINGS", "ContextConfig", "Setting", "SpecConfig", "check_props",
-           "describe", "draft_thread_count", "flags_block", "idle_cells_kept", "recorded_flags", "resolve", "rows"]
+           "describe", "draft_thread_count", "flags_block", "idle_cells_kept", "longest_draft", "recorded_flags",
+           "resolve", "rows"]

@@ -106,6 +106,22 @@ def kv_layout(cfg: Any, recorded: Mapping[str, Any] | None = None) -> tuple[int,
     return (n, True) if unified else (1, False)
 
 
+def longest_draft(spec: Any) -> int:
+    """The longest draft the server's speculative types can make: common_speculative_n_max
+    (common/speculative.cpp:2396-2427), the largest of each type's own limit.
+
+        >>> longest_draft(SpecConfig()), longest_draft(SpecConfig(spec_types=("ngram-mod",)))
+        (0, 64)
+        >>> longest_draft(SpecConfig(spec_types=("draft-simple", "ngram-simple")))   # 3 and size_m 48
+        48
+    """
+    limits = {"draft-simple": spec.draft_n_max, "draft-eagle3": spec.draft_n_max, "draft-mtp": spec.draft_n_max,
+              "draft-dflash": spec.draft_n_max, "draft-dspark": spec.draft_n_max,
+              "ngram-simple": spec.ngram_simple_size_m, "ngram-map-k": spec.ngram_map_k_size_m,
+              "ngram-map-k4v": spec.ngram_map_k4v_size_m, "ngram-mod": spec.ngram_mod_n_max, "ngram-cache": 8}
+    return max([max(0, limits.get(t, 0)) for t in spec.spec_types or ()], default=0)
+
+
 def draft_thread_count(spec: Any) -> int | None:
     """The draft context's thread count: --spec-draft-threads (-td) where given, else None (the target's
     -t: postprocess_cpu_params, common/arg.cpp:889, applied at common/speculative.cpp:2553-2556). A count of 0

@@ -39,6 +39,7 @@ class Looped:
     draft_n: int | None = None
     draft_n_accepted: int | None = None
     totals_checked: bool = False  # the server sent its draft totals and the replay's equal them
+    schedule: dict | None = None  # the prompt schedule the loop replayed (schedule/memory.py schedule_of)
 
 
 class LoopValues:
@@ -110,4 +111,4 @@ class LoopValues:
             out.append(Truth(index=k, id=e.id, item=item, logprob=e.logprob, top=list(e.top[:n]),
                              post_prob=e.post_prob if read.post else None,
                              post_top=list(e.post_top[:n]) if read.post else None))
-        return Looped(out, "", res.draft_n, res.draft_n_accepted, res.server_draft_n is not None)
+        return Looped(out, "", res.draft_n, res.draft_n_accepted, res.server_draft_n is not None, res.schedule)

@@ -39,13 +39,13 @@ from replay.runtime.binding import library_in_use
 from replay.runtime.engine import KernelChoice
 from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
-from replay.schedule.prefix import Prefix, plan_checkpointed, plan_prefix
+from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
 from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv, tiled_verify
 from replay.settings import BY_ATTR, longest_draft
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.entries import drafted, n_generated
-from replay.transcripts.plan import Gap, entry_at
+from replay.transcripts.plan import Gap, Known, entry_at
 from replay.transcripts.readers import Record, shared_evidence
 
 
@@ -180,18 +180,22 @@ class Recoverer:
         """transcript -> tokens -> evaluation -> comparison -> report, each stage taking what the one
         before it made; the report is built once, at the end."""
         read = self._read(rec)
-        run = self._evaluate(read)
-        outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative, run.approximate_from)
-        if self._find_threads(read, run, outcomes):  # the server's -t, unrecorded, found from its values: again with it
-            read = self._read(rec)
+        first = self._loop_first(read)
+        if isinstance(first, tuple):  # the server's batches, from its loop: no one-token evaluation needed
+            run, outcomes = first
+        else:
             run = self._evaluate(read)
-            outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative,
-                                     run.approximate_from)
-        elif self._slot is not None and len(self._slot.ctx.kv_tokens) < run.kv_after:  # searched, not found
-            run = replace(run, kv_after=len(self._slot.ctx.kv_tokens))
-        run, looped = self._through_loop(read, run)
-        if looped is not None:
-            outcomes = looped
+            outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative, run.approximate_from)
+            if self._find_threads(read, run, outcomes):  # the server's -t, unrecorded, found from its values: again
+                read = self._read(rec)
+                run = self._evaluate(read)
+                outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative,
+                                         run.approximate_from)
+            elif self._slot is not None and len(self._slot.ctx.kv_tokens) < run.kv_after:  # searched, not found
+                run = replace(run, kv_after=len(self._slot.ctx.kv_tokens))
+            run, looped = self._through_loop(read, run, tried=first)
+            if looped is not None:
+                outcomes = looped
         backend = server_backend(self._flags_as_spelled(rec), self.options.server_backend)
         kernels = kernels_differ(backend, self.backend)
         cpu = self.kernels
@@ -241,8 +245,8 @@ class Recoverer:
         # target's reply KV came from batches the transcript does not show)
         rows_known = not run.schedule.get("rows", {}).get("unknown", 1) and "approximate_from" not in run.schedule \
             and "loop" not in run.schedule and self._slot is not None and not self._slot.rules.enabled
-        self._exact_upto = run.kv_after if error is None and (drafted(read.final) is False or rows_known) \
-            else len(read.prompt)
+        self._exact_upto = 0 if run.kv_after == 0 else run.kv_after if error is None and (
+            drafted(read.final) is False or rows_known) else len(read.prompt)
         rep = RecordReport(
             rec.source, rec.index, rec.endpoint, rec.stream, "prob" if read.post else "logprob", read.n_probs,
             tokens=tokens, error=error, notes=notes, prompt_tokens=len(read.prompt),
@@ -358,30 +362,69 @@ class Recoverer:
             schedule["approximate_from"] = approx
         return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why, tuple(token_kinds))
 
-    def _through_loop(self, read: ReadRecord, run: "Evaluated") -> tuple["Evaluated", list[Outcome] | None]:
-        """Where this replay's values are approximate (`approximate_from`), the server's loop replayed
-        (commands/looped.py) gives them in the server's batches: used when the replay emitted the
-        transcript's tokens with the server's draft totals and every real entry agrees at the full
-        tolerance; else the approximate values stay, and the schedule's `loop` says why. Returns the run
-        and, when the loop's values are used, their outcomes."""
+    def _loop_first(self, read: ReadRecord) -> tuple["Evaluated", list[Outcome]] | str | None:
+        """Where the one-token schedule is bound to be approximate (approximate_from, known from the plan and
+        the slot before any decode: every token of a loopable record is one plan item), the loop is replayed
+        first, and where its values hold (_looped) they are the record's: the one-token evaluation, which
+        would be set aside, is not run. Returns (the run, its outcomes); else why the loop did not hold
+        (the one-token evaluation then runs, and keeps it), or None where it was not tried."""
+        if self.options.only_entries or not all(isinstance(item, Known) for item in read.plan):
+            return None
+        cfg = SlotConfig.of(read.context, read.rec.flags, read.shape.build)
+        slot = self.context(cfg)
+        approx, _ = approximate_from(self._scored(read.rec, read), len(read.prompt), checkpoints=slot.rules.enabled,
+                                     flash_attn_off=cfg.flash_attn == "off",
+                                     tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k,
+                                                        cfg.type_v))
+        if approx is None:
+            return None
+        looped = self._looped(read)
+        if isinstance(looped, str):
+            return looped
+        truths, outcomes, loop, schedule = looped
+        kinds = tuple(self._scored(read.rec, read))
+        threads = {"value": cfg.threads, "source": read.context.sources.get("threads", "default")}
+        cached = min(read.cached or 0, len(read.prompt))
+        prefix = Prefix(cached, "server cache") if cached else FRESH
+        run = Evaluated(truths, None, prefix, {**(schedule or {}), "rows": row_counts(list(kinds), len(read.prompt)),
+                                               "threads": threads, "loop": loop}, 0, kinds=kinds)
+        return run, outcomes
+
+    def _looped(self, read: ReadRecord) -> tuple[list[Truth], list[Outcome], dict, dict | None] | str:
+        """The server's loop replayed (commands/looped.py) for this record: (its truths, their outcomes, the
+        report's `loop`, the loop's prompt schedule) where the replay emitted the transcript's tokens with
+        the server's draft totals and every real entry agrees at the full tolerance; else why not."""
         loop = self._loop_values()
-        if run.approximate_from is None or self.options.only_entries:
-            loop.skip()
-            return run, None
         looped = loop.values(read)
         if looped.truths is None:
-            return replace(run, schedule={**run.schedule, "loop": {"replayed": False, "why": looped.why}}), None
+            return looped.why
         outcomes = self._compare(read.rec, looped.truths, read.post, read.n_probs, read.speculative)
         wrong = next((o for o in outcomes if o.report.status == "mismatch"), None)
         if wrong is not None:
             loop.skip()
-            why = (f"its value of token {wrong.report.index} disagrees with the server's real entry "
-                   f"({wrong.report.note or 'beyond the tolerance'})")
-            return replace(run, schedule={**run.schedule, "loop": {"replayed": False, "why": why}}), None
+            return (f"its value of token {wrong.report.index} disagrees with the server's real entry "
+                    f"({wrong.report.note or 'beyond the tolerance'})")
+        info = {"replayed": True, "draft_n": looped.draft_n, "draft_n_accepted": looped.draft_n_accepted,
+                "totals_checked": looped.totals_checked}
+        return looped.truths, outcomes, info, looped.schedule
+
+    def _through_loop(self, read: ReadRecord, run: "Evaluated",
+                      tried: str | None = None) -> tuple["Evaluated", list[Outcome] | None]:
+        """Where this replay's values are approximate (`approximate_from`), the server's loop replayed
+        gives them in the server's batches (_looped); else the approximate values stay, and the schedule's
+        `loop` says why (`tried`: why the loop, replayed before the evaluation, did not hold). Returns the
+        run and, when the loop's values are used, their outcomes."""
+        loop = self._loop_values()
+        if run.approximate_from is None or self.options.only_entries:
+            loop.skip()
+            return run, None
+        looped = tried if tried is not None else self._looped(read)
+        if isinstance(looped, str):
+            return replace(run, schedule={**run.schedule, "loop": {"replayed": False, "why": looped}}), None
+        truths, outcomes, info, _ = looped
         schedule = {k: v for k, v in run.schedule.items() if k != "approximate_from"}
-        schedule["loop"] = {"replayed": True, "draft_n": looped.draft_n, "draft_n_accepted": looped.draft_n_accepted,
-                            "totals_checked": looped.totals_checked}
-        return replace(run, truths=looped.truths, approximate_from=None, approximate_why="", schedule=schedule), outcomes
+        schedule["loop"] = info
+        return replace(run, truths=truths, approximate_from=None, approximate_why="", schedule=schedule), outcomes
 
     def _loop_values(self) -> LoopValues:
         if self._loop is None:

@@ -104,6 +104,16 @@ def b11434():
 
 
 @pytest.fixture(scope="session")
+def patched(b11434):
+    """The same b11434 build patched by `spec-replay patch`: it reports the values its speculative loop
+    computed (the truth of a speculating server's values)."""
+    from replay.proof.patch_proof import pinned_tree, saved_patch
+    from replay.proof.patches import server_patch
+    return ensure_built(BuildSpec("b11434", patch=saved_patch(server_patch(pinned_tree("b11434")).diff,
+                                                              "server-b11434")))
+
+
+@pytest.fixture(scope="session")
 def server_cpu(b11434) -> tuple[str, ...]:
     """`--server-cpu V` for a transcript of a server this suite started from the b11434 build on this
     host: V is the variant it computed with, the best that runs on this host (llamacpp/kernels.py). For subprocess runs of tests that

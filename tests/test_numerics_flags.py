@@ -15,12 +15,9 @@ from tiers import default_and_wide
 
 from replay.cli import main
 from replay.commands.record import RequestItem, record_one
-from replay.llamacpp.build import BuildSpec, ensure_built
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.paths import FIXTURES
 from replay.proof.matrix import max_value_diff
-from replay.proof.patch_proof import pinned_tree, saved_patch
-from replay.proof.patches import server_patch
 from replay.transcripts.entries import record_entries
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text
@@ -60,13 +57,6 @@ def _prove(spec_srv: LlamaServer, plain_srv: LlamaServer, model, draft, prompt: 
         w, k = max_value_diff(json.loads(line), p)
         worst, n = max(worst, w), n + k
     return worst, n, src
-
-
-@pytest.fixture(scope="module")
-def patched(b11434):
-    """The same build patched by `spec-replay patch`: it reports the values its speculative loop computed."""
-    return ensure_built(BuildSpec("b11434", patch=saved_patch(server_patch(pinned_tree("b11434")).diff,
-                                                              "server-b11434")))
 
 
 @pytest.mark.parametrize("case", default_and_wide(CASES, {"-fa off", "-b 16 -ub 8"}))

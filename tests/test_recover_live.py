@@ -99,10 +99,14 @@ REPEAT = ("The lighthouse keeper climbed the stairs every night at nine, lit the
           "his book, and watched the ships pass slowly along the dark coast until morning came. ")
 
 
-def test_ngram_mod_transcript_recovers(ngram_mod_server, plain_server, smollm2, tmp_path):
+def test_ngram_mod_transcript_recovers(ngram_mod_server, start_server, patched, smollm2, tmp_path):
+    """ngram-mod drafts 48-64 tokens, so its verify batches reach 64 rows, whose attention ggml computes tile
+    by tile: the truth is the patched server's (the values its loop computed), not an unspeculated
+    server's, which computes every token alone (their near-tied alternatives can swap)."""
     body = {"prompt": REPEAT * 4, "n_predict": 96, "n_probs": 3, "temperature": 0, "seed": 1}
     spec = record_one(ngram_mod_server.url, RequestItem("/completion", body), ngram_mod_server.config.flags_block())
-    plain = record_one(plain_server.url, RequestItem("/completion", body), plain_server.config.flags_block())
+    truth_server = start_server(ngram_mod_server.config, binary=patched.server)
+    plain = record_one(truth_server.url, RequestItem("/completion", body), truth_server.config.flags_block())
     assert spec["response"]["timings"]["draft_n_accepted"] > 0, "ngram-mod never drafted: the test proves nothing"
     path = tmp_path / "ngram.json"
     path.write_text(dumps(spec))

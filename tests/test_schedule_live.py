@@ -17,10 +17,7 @@ from cli_helpers import one_error, run
 from tiers import WIDE, default_and_wide
 
 from replay.commands.record import RequestItem, record_one
-from replay.llamacpp.build import BuildSpec, ensure_built
 from replay.llamacpp.process import LlamaServer, ServerConfig
-from replay.proof.patch_proof import pinned_tree, saved_patch
-from replay.proof.patches import server_patch
 from replay.transcripts.entries import record_entries
 from replay.transcripts.format import dumps
 from replay.transcripts.readers import read_text
@@ -30,12 +27,6 @@ pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 STORY = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
          "in his book. ")
 TEXT = STORY * 45 + "Retell the story in your own words."  # 1,170 prompt tokens in the chat template
-
-
-@pytest.fixture(scope="module")
-def patched(b11434):
-    return ensure_built(BuildSpec("b11434", patch=saved_patch(server_patch(pinned_tree("b11434")).diff,
-                                                              "server-b11434")))
 
 
 def _item(endpoint: str, temp: float, text: str = TEXT) -> RequestItem:

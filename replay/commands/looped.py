@@ -27,6 +27,7 @@ from replay.evaluation.walk import Truth
 from replay.loop.replayable import drafts_with_model
 from replay.reading.record import ReadRecord
 from replay.runtime.llama import Model
+from replay.schedule.prefix import FRESH, Prefix
 from replay.transcripts.plan import Known
 
 
@@ -40,6 +41,8 @@ class Looped:
     draft_n_accepted: int | None = None
     totals_checked: bool = False  # the server sent its draft totals and the replay's equal them
     schedule: dict | None = None  # the prompt schedule the loop replayed (schedule/memory.py schedule_of)
+    prefix: Prefix = FRESH  # what the request kept of the loop's slot memory
+    notes: tuple[str, ...] = ()  # the loop's own notes (loop/loop.py)
 
 
 class LoopValues:
@@ -56,6 +59,12 @@ class LoopValues:
         self.renamed = renamed
         self._state: ServerState | None = None
         self._gap = False  # a record the loop was not replayed for came since the server started
+        self._before: tuple[bool, bool] = (True, False)  # (no state, _gap) when values() was last called
+
+    @property
+    def live(self) -> bool:
+        """Does the loop hold a server state (the records it replayed since the server started)?"""
+        return self._state is not None
 
     def close(self) -> None:
         if self._state is not None:
@@ -72,8 +81,17 @@ class LoopValues:
         self.close()
         self._gap = True
 
+    def undo(self) -> None:
+        """Forget the last values() call where it started the server afresh (a retry of the same record on
+        other settings, the server's -t found since); else what it changed stays a gap."""
+        fresh, gap = self._before
+        if fresh:
+            self.close()
+            self._gap = gap
+
     def values(self, read: ReadRecord) -> Looped:
         """The loop's values for every token of `read`'s plan, or why they cannot be had."""
+        self._before = (self._state is None, self._gap)
         spec = read.spec
         types = {t for t in spec.spec_types if t != "none"}
         if not read.speculative or not (types or drafts_with_model(spec, read.shape.era)):
@@ -105,10 +123,17 @@ class LoopValues:
             return Looped(None, f"the loop replay drafted {res.draft_n} and accepted {res.draft_n_accepted}, the "
                                 f"server {res.server_draft_n} and {res.server_draft_n_accepted}: other batches",
                           res.draft_n, res.draft_n_accepted)
+        prefix = res.prefix or FRESH
+        if read.cached and (prefix.keep == 0 or prefix.rebuild):
+            self.skip()
+            return Looped(None, f"the server took {read.cached} prompt tokens from its cache, which the loop replay "
+                                "does not hold (requests it did not replay left them)", res.draft_n,
+                          res.draft_n_accepted)
         n = read.n_probs
         out = []
         for k, (item, e) in enumerate(zip(read.plan, res.emitted)):
             out.append(Truth(index=k, id=e.id, item=item, logprob=e.logprob, top=list(e.top[:n]),
                              post_prob=e.post_prob if read.post else None,
                              post_top=list(e.post_top[:n]) if read.post else None))
-        return Looped(out, "", res.draft_n, res.draft_n_accepted, res.server_draft_n is not None, res.schedule)
+        return Looped(out, "", res.draft_n, res.draft_n_accepted, res.server_draft_n is not None, res.schedule,
+                      prefix, tuple(res.notes))

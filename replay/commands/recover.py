@@ -43,6 +43,7 @@ from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
 from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv, tiled_verify
 from replay.settings import BY_ATTR, longest_draft
+from replay.settings.config import GIVEN_HERE
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.entries import drafted, n_generated
 from replay.transcripts.plan import Gap, Known, entry_at
@@ -80,6 +81,20 @@ class Evaluated:
     approximate_why: str = ""
     # the decode that computed each evaluated token's values on the server (schedule/rows.py), token by token
     kinds: tuple[str | None, ...] = ()
+    notes: tuple[str, ...] = ()  # what the loop replay said of this record (loop/loop.py)
+
+
+@dataclass(frozen=True)
+class LoopHeld:
+    """The loop's values for a record, held against the transcript (Recoverer._looped): its truths and
+    their outcomes, the report's `schedule.loop`, and the prompt schedule, prefix and notes of the loop."""
+
+    truths: list[Truth]
+    outcomes: list[Outcome]
+    info: dict
+    schedule: dict | None
+    prefix: Prefix
+    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -120,6 +135,7 @@ class Recoverer:
         # counts that reproduced it, the smallest used; None: not looked for or not found
         self._threads_found: tuple[int, ...] | None = None
         self._loop: LoopValues | None = None  # the server's loop, where the one-token schedule cannot give its batches
+        self._after_loop = False  # the previous record's values came from the loop (its KV is not in this slot)
 
     def close(self) -> None:
         if self._slot is not None:
@@ -131,6 +147,7 @@ class Recoverer:
     def forget(self) -> None:
         """Keep no KV positions for the next record (a new unit of work: transcripts/chains.py), so that what
         an evaluator did before cannot change what it computes next."""
+        self._after_loop = False
         self._exact_upto = 0
         if self._loop is not None:
             self._loop.forget()
@@ -181,18 +198,23 @@ class Recoverer:
         before it made; the report is built once, at the end."""
         read = self._read(rec)
         first = self._loop_first(read)
-        if isinstance(first, tuple):  # the server's batches, from its loop: no one-token evaluation needed
-            run, outcomes = first
-        else:
+        if not isinstance(first, tuple):
             run = self._evaluate(read)
             outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative, run.approximate_from)
             if self._find_threads(read, run, outcomes):  # the server's -t, unrecorded, found from its values: again
                 read = self._read(rec)
-                run = self._evaluate(read)
-                outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative,
-                                         run.approximate_from)
+                if isinstance(first, str) and self._loop is not None:
+                    self._loop.undo()  # the loop ran on the assumed count: again on the found one
+                first = self._loop_first(read)
+                if not isinstance(first, tuple):
+                    run = self._evaluate(read)
+                    outcomes = self._compare(rec, run.truths, read.post, read.n_probs, read.speculative,
+                                             run.approximate_from)
             elif self._slot is not None and len(self._slot.ctx.kv_tokens) < run.kv_after:  # searched, not found
                 run = replace(run, kv_after=len(self._slot.ctx.kv_tokens))
+        if isinstance(first, tuple):  # the server's batches, from its loop: no one-token evaluation needed
+            run, outcomes = first
+        else:
             run, looped = self._through_loop(read, run, tried=first)
             if looped is not None:
                 outcomes = looped
@@ -206,7 +228,7 @@ class Recoverer:
         weighted = apart.worst
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         tokens = [o.report for o in outcomes]
-        notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else [])
+        notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else []) + list(run.notes)
         if run.approximate_from is not None:
             notes.append(f"values from token {run.approximate_from} on are approximate (real entries judged within "
                          f"{APPROXIMATE_DRIFT} nats, as measured): {run.approximate_why}" + (
@@ -257,10 +279,12 @@ class Recoverer:
             cause_kind=numerics_kind(read.shared, kernels), weighted_diff=weighted,
             first_diff=apart.first, bound=self.options.batch_bound,
             judged_by=None if not batched else "option" if (
-                read.shared == "--shared-batches" or (self.options.server_backend is not None and
-                                                       server_backend(self._flags_as_spelled(rec), None) == "CPU")
+                read.shared == "--shared-batches" or (read.shared or "").endswith(GIVEN_HERE + ")")
+                or (self.options.server_backend is not None
+                    and server_backend(self._flags_as_spelled(rec), None) == "CPU")
             ) else "evidence", identity=[c.to_json() for c in read.identity],
             model_file=self.model.path.name,
+            drafting_known=any(t != "none" for t in read.spec.spec_types) or bool(read.spec.draft_model),
             batched=batched, schedule=run.schedule)
         return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
 
@@ -285,9 +309,8 @@ class Recoverer:
         the record is to be evaluated again; False: not looked for, or no count reproduces the entry (the
         report then asks for --threads)."""
         if (self._threads_found is not None or read.context.sources.get("threads", "default") != "default"
-                or read.post or run.unaligned is not None or run.approximate_from is not None or self._slot is None
-                or self._slot.rules.enabled):
-            return False  # post-sampling values need the chain's state; approximate values tell no count
+                or read.post or run.unaligned is not None or self._slot is None or self._slot.rules.enabled):
+            return False  # post-sampling values need the chain's state
         n_prompt = len(read.prompt)
         first = None
         for k, (o, kind) in enumerate(zip(outcomes, run.kinds)):
@@ -298,8 +321,9 @@ class Recoverer:
                 break
             if kind is None:  # a row decoded on the assumed count before it: the KV depends on it
                 return False
-        if first is None or outcomes[first].report.status != "mismatch":
-            return False
+        if first is None or outcomes[first].report.status != "mismatch" or (
+                run.approximate_from is not None and first >= run.approximate_from):
+            return False  # approximate values tell no count
         target, entry = outcomes[first], entry_at(read.rec, outcomes[first].place)
         ctx = self._slot.ctx
 
@@ -329,6 +353,11 @@ class Recoverer:
         else:
             prefix = plan_prefix(ctx.kv_tokens, self._exact_upto, prompt, read.cached, ctx.n_batch,
                                  ctx.n_ubatch, reuse=self.options.reuse_prefix)
+        if self._after_loop and prefix.rebuild:
+            prefix = replace(prefix, note=f"the server took {read.cached} prompt tokens from its cache, left by the "
+                                          "previous record, whose KV this replay computed in the server's loop, not "
+                                          "here: evaluated on their own, and the loop not replayed for this one")
+        self._after_loop = False
         self._exact_upto = 0  # until this record's evaluation completes
         evaluated: list[Truth] = []
         unaligned: Unaligned | None = None
@@ -357,7 +386,7 @@ class Recoverer:
         approx, why = approximate_from(token_kinds, len(prompt), checkpoints=slot.rules.enabled,
                                        flash_attn_off=cfg.flash_attn == "off",
                                        tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k,
-                                                          cfg.type_v))
+                                                          cfg.type_v, cfg.n_ubatch))
         if approx is not None:
             schedule["approximate_from"] = approx
         return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why, tuple(token_kinds))
@@ -375,25 +404,27 @@ class Recoverer:
         approx, _ = approximate_from(self._scored(read.rec, read), len(read.prompt), checkpoints=slot.rules.enabled,
                                      flash_attn_off=cfg.flash_attn == "off",
                                      tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k,
-                                                        cfg.type_v))
-        if approx is None:
-            return None
+                                                        cfg.type_v, cfg.n_ubatch))
+        if approx is None and not (read.cached and self._loop is not None and self._loop.live):
+            return None  # (a record that continues the cache of a looped one is looped too: that KV is the loop's)
         looped = self._looped(read)
         if isinstance(looped, str):
             return looped
-        truths, outcomes, loop, schedule = looped
         kinds = tuple(self._scored(read.rec, read))
         threads = {"value": cfg.threads, "source": read.context.sources.get("threads", "default")}
-        cached = min(read.cached or 0, len(read.prompt))
-        prefix = Prefix(cached, "server cache") if cached else FRESH
-        run = Evaluated(truths, None, prefix, {**(schedule or {}), "rows": row_counts(list(kinds), len(read.prompt)),
-                                               "threads": threads, "loop": loop}, 0, kinds=kinds)
-        return run, outcomes
+        if threads["source"] == "identified":
+            threads["candidates"] = list(self._threads_found or ())
+        schedule = {**(looped.schedule or {}), "rows": row_counts(list(kinds), len(read.prompt)), "threads": threads,
+                    "loop": looped.info}
+        slot.reset()  # its KV is an earlier record's: the next record keeps nothing of it (kv_after 0)
+        self._after_loop = True
+        return Evaluated(looped.truths, None, looped.prefix, schedule, 0, kinds=kinds,
+                         notes=looped.notes), looped.outcomes
 
-    def _looped(self, read: ReadRecord) -> tuple[list[Truth], list[Outcome], dict, dict | None] | str:
-        """The server's loop replayed (commands/looped.py) for this record: (its truths, their outcomes, the
-        report's `loop`, the loop's prompt schedule) where the replay emitted the transcript's tokens with
-        the server's draft totals and every real entry agrees at the full tolerance; else why not."""
+    def _looped(self, read: ReadRecord) -> "LoopHeld | str":
+        """The server's loop replayed (commands/looped.py) for this record, where the replay emitted the
+        transcript's tokens with the server's draft totals and every real entry agrees at the full
+        tolerance; else why not."""
         loop = self._loop_values()
         looped = loop.values(read)
         if looped.truths is None:
@@ -406,7 +437,7 @@ class Recoverer:
                     f"({wrong.report.note or 'beyond the tolerance'})")
         info = {"replayed": True, "draft_n": looped.draft_n, "draft_n_accepted": looped.draft_n_accepted,
                 "totals_checked": looped.totals_checked}
-        return looped.truths, outcomes, info, looped.schedule
+        return LoopHeld(looped.truths, outcomes, info, looped.schedule, looped.prefix, looped.notes)
 
     def _through_loop(self, read: ReadRecord, run: "Evaluated",
                       tried: str | None = None) -> tuple["Evaluated", list[Outcome] | None]:
@@ -421,10 +452,10 @@ class Recoverer:
         looped = tried if tried is not None else self._looped(read)
         if isinstance(looped, str):
             return replace(run, schedule={**run.schedule, "loop": {"replayed": False, "why": looped}}), None
-        truths, outcomes, info, _ = looped
         schedule = {k: v for k, v in run.schedule.items() if k != "approximate_from"}
-        schedule["loop"] = info
-        return replace(run, truths=truths, approximate_from=None, approximate_why="", schedule=schedule), outcomes
+        schedule["loop"] = looped.info
+        return replace(run, truths=looped.truths, approximate_from=None, approximate_why="", schedule=schedule,
+                       notes=looped.notes), looped.outcomes
 
     def _loop_values(self) -> LoopValues:
         if self._loop is None:

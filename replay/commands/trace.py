@@ -81,7 +81,7 @@ def run_loop(target: Model, request: Request, slot_config: SlotConfig, *, shape:
                        div, loop.n_draft, loop.n_accepted, t.get("draft_n"), t.get("draft_n_accepted"),
                        post=bool(request.settings.params.post_sampling_probs), notes=list(loop.notes), shape=shape,
                        spec=request.spec, settings=request.settings, compared=compared, schedule=schedule,
-                       decodes=decodes, work=work)
+                       decodes=decodes, work=work, prefix=loop.prefix)
 
 
 PROMPT_DEFAULTS = {"seed": 1, "n_predict": 32}  # trace --prompt without --seed / -n

@@ -67,7 +67,7 @@ class Prepared:
 
 def prepare(records: Sequence[Record], target: Model, flags: Mapping[str, Any], *, build: int | None = None,
             renamed: bool = False) -> list[Prepared]:
-    shared = shared_evidence(records, flags, False)
+    shared = shared_evidence(records, flags, False, cells=False)
     out = []
     for rec in records:
         with located(rec.source, rec.index):
@@ -191,7 +191,7 @@ def measure_here(prepared: Sequence[Prepared], runs: Sequence[SettingRun], targe
     slot = SlotConfig.of(first.context, prepared[0].rec.flags, first.shape.build)
     return measure(target, draft, slot, first.settings.params, target_sizes=sorted(t_sizes),
                    draft_sizes=sorted(d_sizes), depth=depth, tokens=list(first.prompt),
-                   draft_types=(spec.draft_cache_type_k, spec.draft_cache_type_v), draft_threads=draft_thread_count(spec))
+                   draft_types=(spec.draft_cache_type_k, spec.draft_cache_type_v), draft_threads=draft_thread_count(spec) if draft is not None else None)
 
 
 def cost_table(prepared: Sequence[Prepared], runs: Sequence[SettingRun], target: Model, *, how: str,

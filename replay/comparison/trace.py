@@ -61,6 +61,7 @@ class TraceResult:
     # the replay's decode calls and rows for this request, prompt included: {"target": (calls, rows), "draft": ...}
     decodes: dict[str, tuple[int, int]] = field(default_factory=dict)
     work: Work | None = None  # the generation phase's decodes by batch size and chain passes (loop/work.py)
+    prefix: Any = None  # schedule/prefix.py Prefix: what the request kept of the slot's memory
 
     @property
     def reproduced(self) -> bool | None:

@@ -220,6 +220,7 @@ class SpeculativeLoop:
         self.prompt = list(request.prompt)
         self.n_probs = max(request.n_probs, 1)
         self.notes: list[str] = []
+        self.prefix: Prefix = FRESH  # what the request kept of the slot's memory (reuse), once prefilled
         self.spans, self.cached = request.spans, request.cached
         self.expect = request.expect and not_expectable(params, settings.grammar is not None) is None
         self.checkpoint = SpecCheckpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
@@ -235,7 +236,7 @@ class SpeculativeLoop:
         # the draft context copies the target's -c/-b/-ub/-fa/--swa-full but has its own KV types, -ctkd/-ctvd,
         # and threads, -td
         draft_types = (spec.draft_cache_type_k, spec.draft_cache_type_v)
-        draft_threads = draft_thread_count(spec)
+        draft_threads = draft_thread_count(spec) if draft_model is not None else None  # -td needs a draft model
         key = (str(target.path), slot_config, str(draft_model.path) if draft_model is not None else None, draft_types,
                draft_threads)
         self.memory, self.continued = state.memory_for(
@@ -303,7 +304,8 @@ class SpeculativeLoop:
         n_prompt = len(self.prompt)
         if n_prompt >= self.limits.n_ctx:  # the server answers 400 exceed_context_size_error (:3417-3425)
             raise TranscriptError(f"the prompt has {n_prompt} tokens but the context holds {self.limits.n_ctx}")
-        self.memory.start(self.prompt, self.reuse(), spans=self.spans)
+        self.prefix = self.reuse()
+        self.memory.start(self.prompt, self.prefix, spans=self.spans)
         self.chain.accept_prompt(self.prompt)
         for d in self.drafters:
             d.begin(self.prompt)

@@ -55,6 +55,7 @@ class RecordReport:
     schedule: dict | None = None  # schedule/memory.py schedule_of: the prompt batches and checkpoints replayed
     identity: list[dict] = field(default_factory=list)
     model_file: str | None = None  # the -m file's name  # reading/identity.py: the model evidence compared with -m
+    drafting_known: bool = True  # something (flags, generation_settings, our --spec-type) said how the server drafted
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -196,7 +197,7 @@ class RecoverResult:
         # token shows the thread count right, and a verify batch between them is where the values part
         counted = [x for x in r.tokens[1:t.index] if x.status == "ok" and split_kv(r.prompt_tokens + x.index - 1)]
         batch = counted and any(x.status == "placeholder" for x in r.tokens[counted[-1].index:t.index])
-        if not beyond and t.index > 0 and batch and "loop" not in (r.schedule or {}):
+        if not beyond and t.index > 0 and batch and not r.drafting_known:
             short = (f"values part after a verify batch whose rows this replay did not rebuild: give the server's "
                      f"--spec-type (n-gram drafts of 63+ tokens verify in 64-row tiled batches)")
             why += (f"; its one-token values past 256 positions agreed up to token {counted[-1].index}, then a "

@@ -82,7 +82,7 @@ class TraceSession:
         self.flags = engine.flags(task.flags)
         self.target = Model(inputs.model, **model_params(self.flags))
         self.drafts = Drafts(model_params(self.flags))
-        self.shared = shared_evidence(self.records, self.flags, False)
+        self.shared = shared_evidence(self.records, self.flags, False, cells=False)
 
     def run(self, unit: Unit, emit: Emit) -> None:
         """The unit's records in order on one fresh server (ServerState)."""

@@ -79,18 +79,21 @@ def split_kv(pos: int, pad: int = 256) -> bool:
 FA_TILE_ROWS = 64  # ggml-cpu/common.h:9 GGML_FA_TILE_Q
 
 
-def tiled_verify(longest_draft: int, flash_attn: str, type_k: str, type_v: str) -> bool:
-    """Whether a verify batch (the last token and its draft) can have FA_TILE_ROWS rows or more with an
-    f16/f32 KV cache under flash attention: ggml-cpu then computes its attention tile by tile
-    (ggml_compute_forward_flash_attn_ext_tiled, ops.cpp:9545-9566), whose rows no one-row decode gives.
-    `longest_draft` is the server's common_speculative_n_max (settings/config.py longest_draft).
+def tiled_verify(longest_draft: int, flash_attn: str, type_k: str, type_v: str, n_ubatch: int = 512) -> bool:
+    """Whether a verify batch (the last token and its draft) can reach ggml with FA_TILE_ROWS rows or more
+    (a ubatch of -ub rows at most) with an f16/f32 KV cache under flash attention: ggml-cpu then computes
+    its attention tile by tile (ggml_compute_forward_flash_attn_ext_tiled, ops.cpp:9545-9566), whose rows
+    no one-row decode gives. `longest_draft` is the server's common_speculative_n_max
+    (settings/config.py longest_draft).
 
     >>> tiled_verify(64, "auto", "f16", "f16"), tiled_verify(62, "auto", "f16", "f16")   # ngram-mod's 64; 62 + 1
     (True, False)
     >>> tiled_verify(64, "off", "f16", "f16"), tiled_verify(64, "on", "q8_0", "q8_0")    # not the tiled path
     (False, False)
+    >>> tiled_verify(64, "auto", "f16", "f16", n_ubatch=32)                              # cut into 32-row ubatches
+    False
     """
-    return (longest_draft + 1 >= FA_TILE_ROWS and flash_attn != "off" and type_k == type_v
+    return (min(longest_draft + 1, n_ubatch) >= FA_TILE_ROWS and flash_attn != "off" and type_k == type_v
             and type_k in ("f16", "f32"))
 
 

@@ -141,6 +141,9 @@ def draft_thread_count(spec: Any) -> int | None:
     return n
 
 
+GIVEN_HERE = "given here"  # idle_cells_kept's words for a flag from our command line, not the transcript
+
+
 def idle_cells_kept(cfg: Any, recorded: Mapping[str, Any] | None = None) -> str | None:
     """Why other slots' cells may have stayed in the KV cache this server decoded a request in, or None.
 
@@ -161,8 +164,12 @@ def idle_cells_kept(cfg: Any, recorded: Mapping[str, Any] | None = None) -> str 
     n_seq, unified = kv_layout(cfg, recorded)
     if n_seq <= 1 or not unified:
         return None
-    why = "--cache-ram 0" if cfg.cache_ram_mib == 0 else "--no-cache-idle-slots" if cfg.no_cache_idle_slots else None
-    return None if why is None else f"a {n_seq}-slot unified KV cache that keeps idle slots' cells ({why})"
+    attr = "cache_ram_mib" if cfg.cache_ram_mib == 0 else "no_cache_idle_slots" if cfg.no_cache_idle_slots else None
+    if attr is None:
+        return None
+    why = "--cache-ram 0" if attr == "cache_ram_mib" else "--no-cache-idle-slots"
+    given = ", " + GIVEN_HERE if cfg.sources.get(attr) == "command line" else ""  # an option, not evidence
+    return f"a {n_seq}-slot unified KV cache that keeps idle slots' cells ({why}{given})"
 
 
 def dig(obj: Any, path: str) -> Any:

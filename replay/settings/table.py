@@ -142,9 +142,9 @@ SETTINGS: tuple[Setting, ...] = (
     _spec("--spec-draft-type-v", "draft_cache_type_v", "choice", "f16", "KV cache type for V of the draft model",
           aliases=("-ctvd", "--cache-type-v-draft"), choices=KV_CACHE_TYPES, source="common/arg.cpp:4113"),
     _spec("--spec-draft-threads", "draft_threads", "int", -1,
-          "threads of the draft model's decodes (-1: the target's -t). Past 256 positions a one-token decode "
-          "splits its KV sum by thread, so the count moves the draft's values and can move its drafts; 0 or "
-          "less given: the server machine's cores (give the count)",
+          "threads of the draft model's decodes (not given: the target's -t). Past 256 positions a one-token "
+          "decode splits its KV sum by thread, so the count moves the draft's values and can move its drafts; "
+          "0 or less given: the server machine's cores (give the count)",
           aliases=("-td", "--threads-draft"), metavar="N", source="common/arg.cpp:3992"),
     _spec("--spec-draft-n-max", "draft_n_max", "int", 3, "tokens to draft per step (draft-simple)",
           metavar="N", source="common/arg.cpp:4150"),

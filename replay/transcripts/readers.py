@@ -165,17 +165,20 @@ def overlapping(records: Sequence[Record]) -> dict[int, str]:
     return out
 
 
-def shared_evidence(records: Sequence[Record], flags: Mapping[str, Any] | None, option: bool) -> dict[int, str]:
+def shared_evidence(records: Sequence[Record], flags: Mapping[str, Any] | None, option: bool, *,
+                    cells: bool = True) -> dict[int, str]:
     """{record index: why its decodes may have seen other requests' rows or cells} for every record where
     something shows it: the record itself (Record.busy_when_sent: another slot busy in /slots), the
     records it overlapped in time, a server whose flags keep idle slots' cells in a unified cache
     (settings/config.py idle_cells_kept; `flags`: ours by attr, over the record's own), or the user's
     --shared-batches (`option`). A slot count or a slot id alone shows nothing: a lone request on a
-    4-slot server runs alone, and by default the server clears idle slots when a task starts."""
+    4-slot server runs alone, and by default the server clears idle slots when a task starts. `cells`
+    False: only what shares batches (kept cells change values, not the batches, the drafts' timing or
+    the server's speed)."""
     overlaps = overlapping(records)
     out = {}
     for rec in records:
-        why = rec.busy_when_sent() or overlaps.get(rec.index) or _cells_kept(rec, flags) or (
+        why = rec.busy_when_sent() or overlaps.get(rec.index) or (_cells_kept(rec, flags) if cells else None) or (
             "--shared-batches" if option else None)
         if why:
             out[rec.index] = why

@@ -378,15 +378,8 @@ class Recoverer:
                 evaluated.pop()
         kinds = {id(item): kind for item, kind in zip(read.plan, scored)}
         token_kinds = [kinds.get(id(t.item)) for t in evaluated]
-        rows = row_counts(token_kinds, len(prompt))
-        threads = {"value": ctx.threads, "source": read.context.sources.get("threads", "default")}
-        if threads["source"] == "identified":  # the counts that reproduced the values (evaluation/threads.py)
-            threads["candidates"] = list(self._threads_found or ())
-        schedule = {**schedule_of(slot, spans), "rows": rows, "threads": threads}
-        approx, why = approximate_from(token_kinds, len(prompt), checkpoints=slot.rules.enabled,
-                                       flash_attn_off=cfg.flash_attn == "off",
-                                       tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k,
-                                                          cfg.type_v, cfg.n_ubatch))
+        schedule = {**schedule_of(slot, spans), **self._rows_and_threads(read, token_kinds, ctx.threads)}
+        approx, why = self._approximate(read, cfg, slot, token_kinds)
         if approx is not None:
             schedule["approximate_from"] = approx
         return Evaluated(evaluated, unaligned, prefix, schedule, len(ctx.kv_tokens), approx, why, tuple(token_kinds))
@@ -401,25 +394,36 @@ class Recoverer:
             return None
         cfg = SlotConfig.of(read.context, read.rec.flags, read.shape.build)
         slot = self.context(cfg)
-        approx, _ = approximate_from(self._scored(read.rec, read), len(read.prompt), checkpoints=slot.rules.enabled,
-                                     flash_attn_off=cfg.flash_attn == "off",
-                                     tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k,
-                                                        cfg.type_v, cfg.n_ubatch))
+        kinds = tuple(self._scored(read.rec, read))
+        approx, _ = self._approximate(read, cfg, slot, kinds)
         if approx is None and not (read.cached and self._loop is not None and self._loop.live):
             return None  # (a record that continues the cache of a looped one is looped too: that KV is the loop's)
         looped = self._looped(read)
         if isinstance(looped, str):
             return looped
-        kinds = tuple(self._scored(read.rec, read))
-        threads = {"value": cfg.threads, "source": read.context.sources.get("threads", "default")}
-        if threads["source"] == "identified":
-            threads["candidates"] = list(self._threads_found or ())
-        schedule = {**(looped.schedule or {}), "rows": row_counts(list(kinds), len(read.prompt)), "threads": threads,
+        schedule = {**(looped.schedule or {}), **self._rows_and_threads(read, kinds, cfg.threads),
                     "loop": looped.info}
         slot.reset()  # its KV is an earlier record's: the next record keeps nothing of it (kv_after 0)
         self._after_loop = True
         return Evaluated(looped.truths, None, looped.prefix, schedule, 0, kinds=kinds,
                          notes=looped.notes), looped.outcomes
+
+    def _rows_and_threads(self, read: ReadRecord, kinds: Sequence[str | None], threads: int) -> dict:
+        """The report's schedule.rows (how each token was scored) and schedule.threads (the -t used, whence)."""
+        out = {"value": threads, "source": read.context.sources.get("threads", "default")}
+        if out["source"] == "identified":  # the counts that reproduced the values (evaluation/threads.py)
+            out["candidates"] = list(self._threads_found or ())
+        return {"rows": row_counts(list(kinds), len(read.prompt)), "threads": out}
+
+    @staticmethod
+    def _approximate(read: ReadRecord, cfg: SlotConfig, slot: SlotMemory,
+                     kinds: Sequence[str | None]) -> tuple[int | None, str]:
+        """approximate_from for this record on this slot: its decode kinds, the slot's checkpoints, -fa,
+        and whether the server's drafts can make a tiled verify batch."""
+        return approximate_from(kinds, len(read.prompt), checkpoints=slot.rules.enabled,
+                                flash_attn_off=cfg.flash_attn == "off",
+                                tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k, cfg.type_v,
+                                                   cfg.n_ubatch))
 
     def _looped(self, read: ReadRecord) -> "LoopHeld | str":
         """The server's loop replayed (commands/looped.py) for this record, where the replay emitted the

@@ -23,7 +23,7 @@ from replay.reading.identity import Compared, ModelFacts, compare_model, file_na
 from replay.comparison.values import wrong_everywhere
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
-from replay.transcripts.readers import certain_span, overlapping, shared_evidence
+from replay.transcripts.readers import overlapping, ran_with, shared_evidence
 from replay.transcripts.readers import Record, read_text
 
 T = FIXTURES / "transcripts" / "tiny-draft-simple.json"
@@ -137,7 +137,7 @@ def _chat(i: int, created: int, ms: float) -> Record:
 
 def test_records_that_ran_at_the_same_time_are_shared_batches():
     """The issue's harness: 8 records created within 4 s, each generating 1.1 to 4.1 s; a one-slot
-    run of the same requests overlaps nothing (each certain span ends before the next begins)."""
+    run of the same requests overlaps nothing."""
     together = [_chat(i + 1, 1000 + (i % 3), 1900.0) for i in range(8)]
     ev = shared_evidence(together, None, False)
     assert sorted(ev) == list(range(1, 9))
@@ -145,7 +145,22 @@ def test_records_that_ran_at_the_same_time_are_shared_batches():
     apart = [_chat(i + 1, 1000 + 2 * i, 1900.0) for i in range(8)]
     assert overlapping(apart) == {}
     assert shared_evidence(apart, None, True) == {i: "--shared-batches" for i in range(1, 9)}
-    assert certain_span(_chat(1, 1000, 800.0)) is None  # under a second: nothing certain
+    assert overlapping([_chat(1, 1000, 800.0), _chat(2, 1001, 800.0)]) == {}  # under a second: nothing certain
+
+
+def test_records_that_ran_across_a_second_boundary_are_shared_batches_when_no_placement_parts_them():
+    """A harness whose 1.9 s requests ended either side of a second: record 3 (ended in second 100)
+    shares no certain second with record 2 (101) or record 5 (99), yet no choice of their ends keeps it
+    apart from both; a one-slot run, one request after another, is never judged so."""
+    assert ran_with((100, 1.9), {2: (101, 1.9)}) == ([], [])
+    assert ran_with((100, 1.9), {2: (101, 1.9), 5: (99, 1.9)}) == ([], [2, 5])
+    ev = overlapping([_chat(3, 100, 1900.0), _chat(2, 101, 1900.0), _chat(5, 99, 1900.0)])
+    assert ev[3] == "it ran at the same time as one of records 2, 5 (their created and timings overlap)"
+    one_slot, end = [], 1000.0
+    for i, d in enumerate([1.9, 0.4, 2.6, 1.1, 1.9, 3.0, 0.7, 1.95]):
+        end += d + 0.01  # each starts after the one before it ended
+        one_slot.append(_chat(i + 1, int(end), d * 1000))
+    assert overlapping(one_slot) == {}
 
 
 # -- live: the issue's harness ---------------------------------------------------------------------
@@ -156,8 +171,11 @@ def test_records_that_ran_at_the_same_time_are_shared_batches():
 def test_an_eval_harness_on_a_default_flag_gemma3_server(b11434, gemma3, gemma3_draft, tmp_path):
     """8 chat requests at once through the async OpenAI SDK to a 4-slot Gemma 3 server. recover takes
     the JSONL with no option: the records' created and timings show shared batches, named as the cause
-    (the issue's run said "a GPU or another CPU?"). A Q8_0 requantisation of the served file (values
-    within the noise, bench/identity.py) is refused by name; a Q4_0 one, renamed, by its values."""
+    (the issue's run said "a GPU or another CPU?"). Each request takes over 2 s (96 tokens), so records
+    that ended in adjacent seconds certainly overlapped: with 48 (1.9 s here) a record whose wave ended
+    across a second boundary has nothing certain, and recover rightly asks for --shared-batches (a CI
+    run saw it). A Q8_0 requantisation of the served file (values within the noise, bench/identity.py)
+    is refused by name; a Q4_0 one, renamed, by its values."""
     from harness import run_harness
 
     from replay.llamacpp.models import requantized
@@ -165,7 +183,7 @@ def test_an_eval_harness_on_a_default_flag_gemma3_server(b11434, gemma3, gemma3_
     cfg = ServerConfig(gemma3, draft_model=gemma3_draft, n_ctx=8192)
     del cfg.flags["n_parallel"]  # -np auto: 4 slots, a unified KV cache
     with LlamaServer(cfg, binary=b11434.server) as srv:
-        jsonl = run_harness(srv.url, tmp_path / "harness.jsonl")
+        jsonl = run_harness(srv.url, tmp_path / "harness.jsonl", max_tokens=96)
     r = run("recover", jsonl, "-m", gemma3, "-o", tmp_path / "fixed.jsonl", "--report", tmp_path / "r.json")
     assert r.exit_code == 0, r.output
     rep = json.loads((tmp_path / "r.json").read_text())

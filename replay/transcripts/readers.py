@@ -119,19 +119,23 @@ class Record:
 # tools/server/server-task.cpp:394, 442) and `timings` (prompt_ms + predicted_ms: how long the slot
 # worked on it, server-task.cpp timings). Pure.
 #
-# A response made in second `c` ended in [c, c + 1); a request that took `d` seconds certainly ran
-# during [c + 1 - d, c] whatever its end within that second. Two records whose certain spans overlap
-# ran at the same time: their batches were shared (a server with one slot runs one request at a time,
-# so overlapping records also show several slots). Records shorter than a second show nothing: this
-# is evidence only where it is certain.
+# A response made in second `c` ended at some e in [c, c + 1); a request that took `d` seconds ran
+# during [e - d, e]. Record j could have run wholly apart from record i (ended at e) only by ending
+# before i began (possible iff c_j <= e - d_i) or by beginning after i ended (possible iff
+# c_j + 1 - d_j > e). So j certainly ran with i for every e in [c_j + 1 - d_j, c_j + d_i); if those
+# ranges, over all the other records, cover all of [c_i, c_i + 1), i certainly ran with one of them,
+# whatever the true ends: its batches were shared (a server with one slot runs one request at a time,
+# so overlapping records also show several slots). Short requests in different seconds show nothing:
+# this is evidence only where it is certain, never a guess from closeness.
 
-def certain_span(rec: Record) -> tuple[float, float] | None:
-    """(start, end) in Unix seconds during which the record's request certainly ran, or None.
+def run_time(rec: Record) -> tuple[int, float] | None:
+    """(created, seconds): the Unix second the record's response was made in and how long the server's
+    slot worked on it (prompt_ms + predicted_ms), or None where the response does not say.
 
     >>> r = Record("f", 1, "/v1/chat/completions", {}, False,
     ...            response={"created": 100, "timings": {"prompt_ms": 200.0, "predicted_ms": 1700.0}})
-    >>> certain_span(r)
-    (99.1, 100)
+    >>> run_time(r)
+    (100, 1.9)
     """
     final = rec.final() or {}
     created, timings = final.get("created"), final.get("timings")
@@ -140,28 +144,55 @@ def certain_span(rec: Record) -> tuple[float, float] | None:
     parts = [timings.get("prompt_ms"), timings.get("predicted_ms")]
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in parts):
         return None
-    start = created + 1 - sum(parts) / 1000.0
-    return (round(start, 6), created) if start < created else None
+    return created, round(sum(parts) / 1000.0, 6)
+
+
+def ran_with(mine: tuple[int, float], others: Mapping[int, tuple[int, float]]) -> tuple[list[int], list[int]]:
+    """(records that certainly ran with this one, records one of which certainly did): the first where
+    a single record's range of ends covers all of this one's second, the second where only together they
+    do (both empty where nothing is certain). `others`: {record index: run_time}.
+
+    >>> ran_with((100, 1.5), {2: (100, 1.5), 3: (105, 4.0)})     # same second, both over a second
+    ([2], [])
+    >>> ran_with((100, 1.5), {2: (101, 1.5), 5: (99, 1.5)})      # neither alone; one of them whatever the ends
+    ([], [2, 5])
+    >>> ran_with((100, 1.5), {2: (101, 1.5)})                    # it may have ended before record 2 began
+    ([], [])
+    """
+    c, d = mine
+    cover = sorted((max(float(c), cj + 1 - dj), min(c + 1.0, cj + d), j)
+                   for j, (cj, dj) in others.items())
+    cover = [(lo, hi, j) for lo, hi, j in cover if lo < hi]
+    whole = sorted(j for lo, hi, j in cover if lo <= c and hi >= c + 1)
+    if whole:
+        return whole, []
+    reach = float(c)
+    for lo, hi, _ in cover:
+        if lo > reach:
+            break
+        reach = max(reach, hi)
+    return [], (sorted(j for _, _, j in cover) if reach >= c + 1 else [])
 
 
 def overlapping(records: Sequence[Record]) -> dict[int, str]:
     """{record index: the evidence, naming the records it certainly ran with} for every record that
-    certainly overlapped another.
+    certainly overlapped another (ran_with).
 
     >>> mk = lambda i, c: Record("f", i, "/v1/chat/completions", {}, False,
     ...                          response={"created": c, "timings": {"prompt_ms": 150.0, "predicted_ms": 1750.0}})
     >>> overlapping([mk(1, 213), mk(2, 213), mk(3, 215)])
     {1: 'it ran at the same time as record 2 (their created and timings overlap)', 2: 'it ran at the same time as record 1 (their created and timings overlap)'}
     """
-    spans = [(r.index, certain_span(r)) for r in records]
-    spans = [(i, s) for i, s in spans if s is not None]
+    timed = {r.index: t for r in records if (t := run_time(r)) is not None}
     out: dict[int, str] = {}
-    for i, (a0, a1) in spans:
-        with_ = [j for j, (b0, b1) in spans if j != i and max(a0, b0) < min(a1, b1)]
+    for i, mine in timed.items():
+        whole, some = ran_with(mine, {j: t for j, t in timed.items() if j != i})
+        with_ = whole or some
         if with_:
             names = ", ".join(map(str, with_[:4])) + (f" and {len(with_) - 4} more" if len(with_) > 4 else "")
-            out[i] = (f"it ran at the same time as record{'s' if len(with_) > 1 else ''} {names} (their created and "
-                      "timings overlap)")
+            plural = "s" if len(with_) > 1 else ""
+            which = f"record{plural} {names}" if whole else f"one of records {names}"
+            out[i] = f"it ran at the same time as {which} (their created and timings overlap)"
     return out
 
 

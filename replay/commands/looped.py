@@ -28,6 +28,8 @@ from replay.loop.replayable import drafts_with_model
 from replay.reading.record import ReadRecord
 from replay.runtime.llama import Model
 from replay.schedule.prefix import FRESH, Prefix
+from replay.settings import draft_thread_count
+from replay.settings.config import thread_count
 from replay.transcripts.plan import Known
 
 
@@ -121,8 +123,8 @@ class LoopValues:
         if res.reproduced is False:
             self.skip()
             return Looped(None, f"the loop replay drafted {res.draft_n} and accepted {res.draft_n_accepted}, the "
-                                f"server {res.server_draft_n} and {res.server_draft_n_accepted}: other batches",
-                          res.draft_n, res.draft_n_accepted)
+                                f"server {res.server_draft_n} and {res.server_draft_n_accepted}: other batches"
+                          + _other_drafts(read), res.draft_n, res.draft_n_accepted)
         prefix = res.prefix or FRESH
         if read.cached and (prefix.keep == 0 or prefix.rebuild):
             self.skip()
@@ -137,3 +139,16 @@ class LoopValues:
                              post_top=list(e.post_top[:n]) if read.post else None))
         return Looped(out, "", res.draft_n, res.draft_n_accepted, res.server_draft_n is not None, res.schedule,
                       prefix, tuple(res.notes))
+
+
+def _other_drafts(read: ReadRecord) -> str:
+    """What may have drafted otherwise, where the transcript leaves it open: the draft context's thread
+    count (-td) when a draft model drafts and nothing gave it. Past 256 positions a one-token decode sums
+    its KV in one chunk per thread (ggml-cpu/ops.cpp:9489-9492), so the draft's probabilities, and with
+    --spec-draft-p-min its draft lengths, follow the count; the totals alone cannot tell it."""
+    spec = read.spec
+    if not drafts_with_model(spec, read.shape.era) or draft_thread_count(spec) is not None:
+        return ""
+    n = thread_count(read.context)
+    return (f" (the server's drafts differ: its --spec-draft-threads, not recorded, taken as -t {n}; "
+            "give it with -td if it was another)")

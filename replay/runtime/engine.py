@@ -36,6 +36,8 @@ class KernelChoice:
     spread: float | None = None  # how far the equal variants' one-token decodes are apart, where not exact
     repack: bool | None = None  # the model is loaded with extra buffer types (None: not chosen here)
     crashes: tuple[str, ...] = ()  # the variants that crash on this host, as runtime/health.py says it
+    unprobed: tuple[str, ...] = ()  # candidates not probed: the evidence made them needless (`why_unprobed`)
+    why_unprobed: str | None = None
 
     def describe(self) -> str:
         """The report's line.
@@ -52,7 +54,8 @@ class KernelChoice:
         if self.how == "matched":
             spread = f"; one-token decodes within {self.spread:.2g}" if self.spread else ""
             return f"{name}, matched on {where}" + (f" (as exactly: {', '.join(self.equal)}{spread})" if self.equal
-                                                     else "")
+                                                     else "") + (
+                f"; not probed: {', '.join(self.unprobed)} ({self.why_unprobed})" if self.unprobed else "")
         if self.how == "given":
             off = f"; {self.diff:.3g} nats off {where}" if self.diff is not None else ""
             return f"{name}, given (--server-cpu){off}"
@@ -75,6 +78,7 @@ class KernelChoice:
         return {"variant": self.variant, "how": self.how, "diff": self.diff, "record": self.record,
                 "equal": list(self.equal), "decode_spread": self.spread, "why": self.why,
                 "probes": {v: d for v, d in self.diffs}, "repack": self.repack, "crashes": list(self.crashes),
+                "unprobed": list(self.unprobed), "why_unprobed": self.why_unprobed,
                 "description": self.describe()}
 
 

@@ -24,6 +24,7 @@ from replay.transcripts.entries import n_prompt_cached, record_entries
 from replay.transcripts.readers import Record
 
 EXACT = 1e-6  # nats: a float32 logprob printed by the server and recomputed by the same kernels agree to this
+SEPARATED = 1e-3  # nats: an entry every other class probed is this far from tells classes apart (see needless_slow)
 WITNESSES = 8  # first entries probed per variant when batches may have been shared
 
 
@@ -54,6 +55,9 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
     >>> choose_variant([Probe("haswell", 0.08, record=1), Probe("x64", 0.03, record=3)], shared="a 4-slot server").variant
     'haswell'
     """
+    skipped = [p for p in probes if p.skipped]
+    probes = [p for p in probes if not p.skipped]
+    unprobed = tuple(x for p in skipped for x in (p.label, *p.same))
     diffs = tuple((p.label, p.diff) for p in probes)
     exact = [p for p in probes if p.diff is not None and p.diff <= EXACT]
     if exact:
@@ -76,7 +80,8 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         spread = max((d for _, d in apart if d is not None), default=None)
         equal = (*lead.same, *(x for p, _ in apart for x in (p.label, *p.same)))
         return KernelChoice(lead.variant, "matched", lead.diff, lead.record, equal, diffs=diffs,
-                            spread=spread if spread and spread > EXACT else None, repack=lead.repack)
+                            spread=spread if spread and spread > EXACT else None, repack=lead.repack,
+                            unprobed=unprobed, why_unprobed=skipped[0].skipped if skipped else None)
     measured = sorted((p for p in probes if p.diff is not None), key=lambda p: p.diff)
     if not measured:
         errors = "; ".join(f"{p.label}: {p.error}" for p in probes) or "no CPU variant to evaluate"
@@ -180,3 +185,27 @@ def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = W
             busy = any(isinstance(s, dict) and s.get("is_processing") for s in (rec.snapshot_slots or []))
             keys.append((bool(n_prompt_cached(rec.final())), busy, k))
     return [k for *_, k in sorted(keys)][:limit if shared else 1]
+
+
+def needless_slow(probes: Sequence[Probe], exact: float = EXACT) -> str | None:
+    """Why the classes without vector kernels (x64, sse42: runtime/variants.py vectorised) need not be
+    probed after the others, or None where they must. The rule: exactly one class probed reproduces the
+    first entry (within `exact`), and every other class probed is SEPARATED or more from it. Classes
+    differ by 1e-3 to 0.1 nats on a long prompt's first entry; an entry that far from every other class
+    is one a further class would match to the last bit only by coincidence, and a wrong choice would
+    still be caught, as every real entry after it is held to the full tolerance on the kernels chosen.
+    Two exact classes (sse42 and x64 were measured equal on first entries) need their decodes told
+    apart, so everything is probed then.
+
+    >>> ps = [Probe("zen4", 0.0, record=0), Probe("haswell", 0.135, record=0), Probe("piledriver", 0.0341, record=0)]
+    >>> needless_slow(ps)
+    "zen4 reproduced record 1's first entry exactly, and every other class probed is 0.034 nats or more off it"
+    >>> needless_slow(ps[:1]) is None, needless_slow([ps[0], Probe("haswell", 2e-4, record=0)]) is None
+    (True, True)
+    """
+    hit = [p for p in probes if p.diff is not None and p.diff <= exact]
+    rest = [p for p in probes if not (p.diff is not None and p.diff <= exact)]
+    if len(hit) != 1 or not rest or any(p.diff is None or p.diff < SEPARATED for p in rest):
+        return None
+    return (f"{hit[0].label} reproduced record {hit[0].record + 1}'s first entry exactly, and every other class "
+            f"probed is {min(p.diff for p in rest):.2g} nats or more off it")

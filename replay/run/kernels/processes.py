@@ -26,7 +26,9 @@ from typing import Callable, Sequence
 from replay.errors import SpecReplayError
 from replay.run.kernels.cache import ProbeCache, probe_key
 from replay.run.kernels.classes import classes, learnt, representatives, signature_key, undecided
+from replay.run.kernels.choice import needless_slow
 from replay.run.kernels.types import DECODES, Candidate, Outcome, Probe, ProbeJob, Witnessed
+from replay.runtime.variants import vectorised
 from replay.transcripts.readers import Record
 
 
@@ -255,7 +257,8 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
     With a `cache`, only the first candidate of each class (classes.py, kept per host, model, library
     and the kernel-choosing `context` settings) is probed and its Probe names the others (`same`);
     classes not known yet are learnt first, from every candidate's kernel signature (`_learn_classes`:
-    a short fixed run, whatever the prompt's length). Without one (SPEC_REPLAY_PROBE_CACHE=0), or when
+    a short fixed run, whatever the prompt's length); the classes without vector kernels only where
+    the others leave the entry open (`_probe_classes`). Without one (SPEC_REPLAY_PROBE_CACHE=0), or when
     no signature could be computed, every candidate is probed, and with a cache the classes are
     learnt from the probes: kernel signatures for the candidates whose witness values came out alike.
     A worker that dies is that candidate's error."""
@@ -263,28 +266,59 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
     if cache is not None and cache.root is None:  # SPEC_REPLAY_PROBE_CACHE=0: nothing kept, so nothing learnt
         cache = None
     prober = _Prober(job, indices, until_exact=until_exact, cache=cache, context=context)
-    grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) if cache is not None else None
-    if grouped is None and cache is not None:
-        grouped = _learn_classes(prober, cands, cache)
-    if grouped is not None:
-        # one candidate per class, on the first entry alone; the one-token decodes after it only where two
-        # classes reproduce it exactly and must be told apart (choice.py)
-        reps = representatives(grouped)
-        same = {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)}
-        probes, _ = prober.witness(reps, same, progress, decodes=0)
-        exact = [c for c, p in zip(reps, probes) if until_exact is not None and p.diff is not None
-                 and p.diff <= until_exact]
-        if len(exact) > 1:
-            again, _ = prober.witness(exact, same, None)
-            told = dict(zip(exact, again))
-            probes = [told.get(c, p) for c, p in zip(reps, probes)]
-        return probes
+    if cache is not None:
+        probes = _probe_classes(prober, cands, cache, progress, until_exact)
+        if probes is not None:
+            return probes
     probes, seen = prober.witness(cands, {}, progress)
     if cache is not None and len(indices) == 1:  # every candidate computed the same witness: comparable
         alike = undecided(seen)
         for c, sig in learnt(seen, prober.signatures(alike) if alike else {}).items():
             cache.put_class(prober.class_key(c), sig)
     return fold_twins(probes, seen)
+
+
+def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
+                   progress: Callable[[str, Probe], None] | None, until_exact: float | None) -> list[Probe] | None:
+    """One probe per class, on the first entry alone, best first; the one-token decodes after it only
+    where two classes reproduce it exactly and must be told apart (choice.py). The classes with vector
+    kernels first; those without (x64, sse42: a tenth of the speed) are learnt and probed only where
+    the others leave the entry open (choice.py needless_slow), else stand as one skipped Probe naming
+    them all. None where no signature of the vector candidates could be computed (the caller probes
+    every candidate)."""
+    fast = [c for c in cands if vectorised(c.variant)]
+    slow = [c for c in cands if not vectorised(c.variant)]
+    got: dict[Candidate, Probe] = {}
+    if fast:
+        part = _by_class(prober, fast, cache, progress)
+        if part is None:
+            return None
+        got.update(part)
+    why = needless_slow(list(got.values()), until_exact) if until_exact is not None and fast and slow else None
+    if why:
+        first = next(p.record for p in got.values() if p.diff is not None and p.diff <= until_exact)
+        got[slow[0]] = Probe(slow[0].variant, None, record=first, repack=slow[0].repack,
+                             same=tuple(c.label for c in slow[1:]), skipped=why)
+    elif slow:
+        part = _by_class(prober, slow, cache, progress)
+        got.update(part if part is not None else zip(slow, prober.witness(slow, {}, progress, decodes=0)[0]))
+    exact = [c for c, p in got.items() if until_exact is not None and p.diff is not None and p.diff <= until_exact]
+    if len(exact) > 1:
+        again, _ = prober.witness(exact, {c: got[c].same for c in exact}, None)
+        got.update(zip(exact, again))
+    return list(got.values())
+
+
+def _by_class(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
+              progress: Callable[[str, Probe], None] | None) -> dict[Candidate, Probe] | None:
+    """{class representative: its probe of the first entry alone} over `cands`' classes (known, else learnt
+    from their kernel signatures first); None where no signature could be computed."""
+    grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) or _learn_classes(prober, cands, cache)
+    if grouped is None:
+        return None
+    reps = representatives(grouped)
+    same = {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)}
+    return dict(zip(reps, prober.witness(reps, same, progress, decodes=0)[0]))
 
 
 def _learn_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache) -> list[list[Candidate]] | None:

@@ -75,6 +75,9 @@ class Probe:
     # values: a token sampled outside the speculative loop, or every token of an unspeculated
     # transcript), None where none is real: what tells apart variants equal on the first entry
     later: float | None = None
+    # not probed, and why (choice.py needless_slow: another class reproduced the entry exactly where
+    # every class probed is far from it); diff is then None
+    skipped: str | None = None
 
     @property
     def label(self) -> str:

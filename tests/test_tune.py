@@ -140,5 +140,5 @@ def test_a_setting_the_loop_cannot_run_is_refused_before_anything_is_replayed(mo
     import replay.run.tune as tune_mod
     ran = []
     monkeypatch.setattr(tune_mod, "run_setting", lambda *a, **k: ran.append(a) or pytest.fail("replayed"))
-    msg = one_error(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-type=ngram-mod,draft-mtp"))
-    assert "Error: setting '--spec-type draft-mtp'" in msg and "cannot be replayed" in msg and not ran
+    msg = one_error(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-type=ngram-mod,draft-eagle3"))
+    assert "Error: setting '--spec-type draft-eagle3'" in msg and "cannot be replayed" in msg and not ran

@@ -30,10 +30,10 @@ def _recover(tmp_path, src):
     return run("recover", src, "-m", tiny_target(), "-o", out), out
 
 
-@pytest.mark.parametrize("kind", ["draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"])
+@pytest.mark.parametrize("kind", ["draft-eagle3", "draft-dflash", "draft-dspark"])
 def test_transcripts_of_drafters_that_need_hidden_states_are_recovered_and_not_traced(tmp_path, kind):
     """recover needs only the target: the repair is the same as the draft-simple twin's; trace refuses
-    by name (the drafter needs the target's hidden states, which the C API does not expose)."""
+    by name (the drafter reads the target's hidden states, which this replay feeds only MTP heads)."""
     src = _edited(tmp_path, {"--spec-type": [kind]})
     r, out = _recover(tmp_path, src)
     assert r.exit_code == 0, r.output
@@ -145,3 +145,17 @@ def test_the_same_chat_rebuilt_without_those_is_recovered(tmp_path):
     src = tmp_path / "t.json"
     src.write_text(json.dumps(t))
     assert _recover(tmp_path, src)[0].exit_code == 0
+
+
+def test_an_mtp_transcript_of_a_target_without_nextn_layers_is_refused_by_trace(tmp_path):
+    """A server cannot draft with MTP heads its model does not have (llama_init_from_model refuses the MTP
+    context): a transcript that says so on the tiny Llama is refused in one line, naming the model; with
+    -md as well, the draft model's MTP heads are named as not replayed."""
+    src = _edited(tmp_path, {"--spec-type": ["draft-mtp"]})
+    err = one_error(run("trace", src, "-m", tiny_target(), "-md", tiny_draft()))
+    assert "draft-mtp with a draft model" in err
+    t = json.loads(src.read_text())
+    del t["server"]["flags"]["--spec-draft-model"]
+    src.write_text(json.dumps(t))
+    err = one_error(run("trace", src, "-m", tiny_target()))
+    assert "has no nextn (MTP) layers" in err and tiny_target().name in err

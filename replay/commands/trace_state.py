@@ -33,7 +33,7 @@ from replay.transcripts.readers import Record
 from replay.transcripts.request import asked
 
 SERVER_WIDE = frozenset(name for name, kind in DRAFTERS.items() if kind.scope == "server")  # ngram-mod
-PER_SLOT = frozenset(name for name, kind in DRAFTERS.items() if kind.scope == "slot")
+PER_SLOT = frozenset(name for name, kind in DRAFTERS.items() if kind.scope in ("slot", "slot-memory"))
 
 
 class ServerState:

@@ -183,7 +183,8 @@ def measure_here(prepared: Sequence[Prepared], runs: Sequence[SettingRun], targe
     first = prepared[0].read
     drafting = next((run for run in runs if any(r.draft[0] for r in run.records)), None)
     spec = spec_of(prepared[0], drafting.setting, flags) if drafting is not None else first.spec
-    draft = drafts.get(spec.draft_model) if drafting is not None else None
+    mtp = drafting is not None and "draft-mtp" in spec.spec_types
+    draft = drafts.get(spec.draft_model) if drafting is not None and spec.draft_model else None
     t_sizes = {b for run in runs for r in run.records for b in r.work.target_batches} | {1}
     d_sizes = {b for run in runs for r in run.records for b in r.work.draft_batches}
     depth = round(sum(len(p.read.prompt) + len(r.emitted) / 2 for p, r in zip(prepared, runs[0].records))
@@ -191,7 +192,8 @@ def measure_here(prepared: Sequence[Prepared], runs: Sequence[SettingRun], targe
     slot = SlotConfig.of(first.context, prepared[0].rec.flags, first.shape.build)
     return measure(target, draft, slot, first.settings.params, target_sizes=sorted(t_sizes),
                    draft_sizes=sorted(d_sizes), depth=depth, tokens=list(first.prompt),
-                   draft_types=(spec.draft_cache_type_k, spec.draft_cache_type_v), draft_threads=draft_thread_count(spec) if draft is not None else None)
+                   draft_types=(spec.draft_cache_type_k, spec.draft_cache_type_v),
+                   draft_threads=draft_thread_count(spec) if draft is not None else None, mtp=mtp)
 
 
 def cost_table(prepared: Sequence[Prepared], runs: Sequence[SettingRun], target: Model, *, how: str,

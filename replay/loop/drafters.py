@@ -399,12 +399,20 @@ class DrafterKind:
 
     @property
     def persists(self) -> bool:
-        return self.scope != "request"
+        """Is the drafter object itself kept in the slot's state? (draft-mtp's state is kept with the slot's
+        memory instead, scope "slot-memory": a drafter is made per request over it.)"""
+        return self.scope in ("slot", "server")
 
 
 def _draft_simple(spec, draft_model) -> Drafter:
     assert draft_model is not None, "draft-simple needs its draft model (checked by replayable.check_replayable)"
     return draft_model.drafter(spec)
+
+
+def _draft_mtp(spec, heads) -> Drafter:
+    from replay.loop.draft_mtp import DraftMtp
+    assert heads is not None, "draft-mtp needs the slot's MTP context (loop.py makes it)"
+    return DraftMtp(heads, spec)
 
 
 DRAFTERS: dict[str, DrafterKind] = {
@@ -417,15 +425,19 @@ DRAFTERS: dict[str, DrafterKind] = {
                              "server"),
     "ngram-cache": DrafterKind(lambda s, _: NgramCache(), "slot"),
     "draft-simple": DrafterKind(_draft_simple, "request"),
+    # its carry (pending_h) lives with the slot's memory (loop/draft_mtp.py MtpHeads), so it persists per slot
+    "draft-mtp": DrafterKind(_draft_mtp, "slot-memory"),
 }
 assert set(DRAFTERS) == set(PRIORITY)
 
 
-def make_drafters(spec, *, draft_model=None, state: SlotState | None = None, map_cleanup: str = "new") -> list[Drafter]:
+def make_drafters(spec, *, draft_model=None, mtp=None, state: SlotState | None = None,
+                  map_cleanup: str = "new") -> list[Drafter]:
     """The drafters of `spec.spec_types` in the server's priority order. Drafters whose state outlives
     a request are kept in the slot's `state` (per slot, or server-wide: DrafterKind.scope); pass the
     same state for consecutive requests to one slot. `map_cleanup` is the era's n-gram map cleanup
-    rule (builds/loop_shapes.py)."""
+    rule (builds/loop_shapes.py). `draft_model` is draft-simple's DraftContext, `mtp` draft-mtp's
+    MtpHeads."""
     state = state if state is not None else SlotState()
     out = []
     for t in PRIORITY:
@@ -435,7 +447,7 @@ def make_drafters(spec, *, draft_model=None, state: SlotState | None = None, map
         if kind.persists:
             out.append(state.drafter(t, kind.scope, lambda kind=kind: _made(kind, spec, draft_model, map_cleanup)))
         else:
-            out.append(kind.make(spec, draft_model))
+            out.append(kind.make(spec, mtp if t == "draft-mtp" else draft_model))
     return out
 
 

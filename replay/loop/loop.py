@@ -33,6 +33,7 @@ import numpy as np
 
 from replay.builds.loop_shapes import Era
 from replay.errors import TranscriptError
+from replay.loop.draft_mtp import MtpHeads
 from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
 from replay.loop.drafters import Drafter, make_drafters
 from replay.loop.expectation import acceptance_prob, not_expectable
@@ -237,11 +238,20 @@ class SpeculativeLoop:
         # and threads, -td
         draft_types = (spec.draft_cache_type_k, spec.draft_cache_type_v)
         draft_threads = draft_thread_count(spec) if draft_model is not None else None  # -td needs a draft model
+        mtp = "draft-mtp" in types
+        if mtp:
+            self._check_mtp(target, spec, params)
         key = (str(target.path), slot_config, str(draft_model.path) if draft_model is not None else None, draft_types,
-               draft_threads)
+               draft_threads, mtp)
         self.memory, self.continued = state.memory_for(
-            key, lambda: slot_config.open(target, draft_model, draft_types, draft_threads))
+            key, lambda: slot_config.open(target, draft_model, draft_types, draft_threads, mtp=mtp))
         self.ctx = self.memory.ctx
+        if mtp and not self.memory.target_removes:
+            raise TranscriptError("--spec-type draft-mtp on a target whose memory cannot drop a suffix (recurrent or "
+                                  "hybrid, e.g. qwen35) is not replayed yet: the server then keeps the last "
+                                  "--spec-draft-n-max + 1 tokens of a batch together (n_rs_seq, common/common.h:399-405)")
+        if mtp and self.memory.mtp is None:
+            self.memory.mtp = MtpHeads(self.ctx, self.memory.draft, suppress_tokens=era.suppress_tokens)
         # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
         # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
         self.ckpt_tgt = not self.memory.target_removes
@@ -249,7 +259,7 @@ class SpeculativeLoop:
         self.draft_ctx = (DraftContext(draft_model, self.memory.draft, era, params.temp, params.seed, state)
                           if draft_model is not None else None)
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft_ctx,
-                                                     state=state, map_cleanup=era.map_cleanup)
+                                                     mtp=self.memory.mtp, state=state, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
         self.text = b""
         self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
@@ -257,6 +267,16 @@ class SpeculativeLoop:
         self.alive = True
         self.n_draft = 0
         self.n_accepted = 0
+
+    @staticmethod
+    def _check_mtp(target: Model, spec, params) -> None:
+        """Refuse, in one line, an MTP configuration this loop does not replay (loop/draft_mtp.py)."""
+        if target.n_layer_nextn < 1:
+            raise TranscriptError(f"--spec-type draft-mtp: {target.path.name} has no nextn (MTP) layers, so a server "
+                                  "could not have drafted with it (llama_init_from_model refuses an MTP context)")
+        if spec.draft_sampling == "probabilistic" and params.temp > 0:
+            raise TranscriptError("--spec-type draft-mtp with --spec-draft-sampling probabilistic at temperature > 0 is "
+                                  "not replayed yet (the MTP drafter's retuned sampler, common/speculative.cpp:1667-1674)")
 
     def _drafting(self, spec, era: Era, target: Model, draft_model: Model | None) -> tuple[list[str], Model | None]:
         """The speculative types the server drafted with, and its draft model, as it would take them."""
@@ -366,8 +386,10 @@ class SpeculativeLoop:
         if before is not None:
             self.chain.close_snapshot(before.chain)
         self.n_accepted += drafts_counted(step.accepted, replay=pending is not None)
-        if drafter is not None:
-            drafter.accept(step.accepted)
+        if drafter is not None:  # every drafter hears what was accepted (common_speculative_accept, :2958-2992)
+            for d in self.drafters:
+                if d is drafter or getattr(d, "accepts_others", False):
+                    d.accept(step.accepted)
         self.trim(pos0 + 1 + step.accepted)
         self.kv += [sampled] + v.ids[:-1]
         self.sampled = v.ids[-1]
@@ -381,7 +403,7 @@ class SpeculativeLoop:
 
     def draft_step(self, pos0: int) -> tuple[list[int], Drafter | None, list | None]:
         """Drafting, on a checkpointed target after saving both contexts' states (:3262-3307)."""
-        dft_state = self.draft_ctx.ctx.save_partial() if self.draft_ctx is not None and self.ckpt_dft else None
+        dft_state = self.memory.draft.save_partial() if self.memory.draft is not None and self.ckpt_dft else None
         draft, drafter, q = self.draft_tokens(pos0, dft_state)
         self.n_draft += len(draft)
         self.checkpoint = SpecCheckpoint(self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)
@@ -402,10 +424,10 @@ class SpeculativeLoop:
         the chain and the rejection RNG to `before` (:4282-4311); nothing is emitted."""
         self.ctx.load_partial(self.checkpoint.target)
         self.ctx.seq_rm(0, pos0, -1)
-        if self.draft_ctx is not None:
+        if self.memory.draft is not None:
             if self.checkpoint.draft is not None:
-                self.draft_ctx.ctx.load_partial(self.checkpoint.draft)
-            self.draft_ctx.ctx.seq_rm(0, pos0, -1)
+                self.memory.draft.load_partial(self.checkpoint.draft)
+            self.memory.draft.seq_rm(0, pos0, -1)
         self.chain.restore(before.chain)
         self.rng = before.rng
 
@@ -431,16 +453,19 @@ class SpeculativeLoop:
                     # rows of nothing, and verifies it by rejection (builds/loop_shapes.py q_trim_bug)
                     q = [EMPTY_Q] * n_max
                 break
-        if self.draft_ctx is not None:
+        if self.memory.draft is not None:  # the draft model's context, or the MTP context (:3271-3279)
             if dft_state is not None:  # a draft model that cannot drop a suffix goes back to its checkpoint
-                self.draft_ctx.ctx.load_partial(dft_state)
-            self.draft_ctx.ctx.seq_rm(0, pos0, -1)
+                self.memory.draft.load_partial(dft_state)
+            self.memory.draft.seq_rm(0, pos0, -1)
         return draft, drafter, q
 
     def decode(self, tokens: list[int], pos0: int) -> None:
-        """The target batch (outputs on every row) and its mirror in the draft context (last row)."""
+        """The target batch (outputs on every row) and its mirror in the draft context (last row), or the
+        MTP heads' catch-up on it (loop/draft_mtp.py)."""
         self.ctx.decode(tokens, pos0, [True] * len(tokens))
-        if self.draft_ctx is not None:
+        if self.memory.mtp is not None:
+            self.memory.mtp.process(tokens, pos0)
+        elif self.draft_ctx is not None:
             self.draft_ctx.ctx.decode(tokens, pos0, [False] * (len(tokens) - 1) + [True])
 
     def acceptance(self, draft: list[int], q: list | None) -> list[float]:
@@ -526,8 +551,8 @@ class SpeculativeLoop:
     def trim(self, keep: int) -> None:
         """Positions from `keep` on (rejected drafts) leave both KV caches (:4342-4348)."""
         self.ctx.seq_rm(0, keep, -1)
-        if self.draft_ctx is not None:
-            self.draft_ctx.ctx.seq_rm(0, keep, -1)
+        if self.memory.draft is not None:
+            self.memory.draft.seq_rm(0, keep, -1)
 
     def emit(self, tok: int, step: int, logits: np.ndarray, cands: np.ndarray, *, n_before: int,
              n_step: int, chosen: tuple[int, str] = (0, "drawn")) -> bool:

@@ -7,10 +7,10 @@ from replay.errors import TranscriptError
 
 # Replayable speculative types, in common_speculative_init's priority order (common/speculative.cpp:2697-2707):
 # the first one that returns a draft for a step wins.
-PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple")
-_HIDDEN_STATES = ("needs the target's hidden states (src/llama-ext.h), which libllama's C API does not expose")
+PRIORITY = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "draft-simple", "draft-mtp")
+_HIDDEN_STATES = ("drafts from the target's hidden states (src/llama-ext.h), which this replay does not feed it yet "
+                  "(only MTP heads: --spec-type draft-mtp)")
 UNSUPPORTED = {
-    "draft-mtp": "MTP heads " + _HIDDEN_STATES,
     "draft-eagle3": "EAGLE-3 " + _HIDDEN_STATES,
     "draft-dflash": "DFlash " + _HIDDEN_STATES,
     "draft-dspark": "DSpark (DFlash's block drafter with a Markov head, common/speculative.cpp:1006) " + _HIDDEN_STATES,
@@ -50,3 +50,7 @@ def check_replayable(spec, era: Era, *, has_draft_model: bool) -> None:
             raise TranscriptError(f"unknown --spec-type {t!r}")
     if "draft-simple" in types and not has_draft_model:
         raise TranscriptError("--spec-type draft-simple needs the draft model: pass -md/--spec-draft-model")
+    if "draft-mtp" in types:
+        if has_draft_model or spec.draft_model:
+            raise TranscriptError("--spec-type draft-mtp with a draft model (-md): the server then drafts with the draft "
+                                  "model's MTP heads (common/speculative.cpp:2625-2637), which is not replayed yet")

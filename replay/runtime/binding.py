@@ -60,6 +60,14 @@ FUNCTIONS = (
     "llama_sampler_init_grammar", "llama_sampler_init_grammar_lazy_patterns", "llama_sampler_init_infill",
     "llama_sampler_init_dist", "llama_sampler_init_adaptive_p",
 )
+# ... and those only MTP drafting calls (the extended batch, llama_process, the nextn layer count): from
+# b11434's llama.h, absent from older builds, which therefore load and fail only where MTP is asked of
+# them (a BindingError naming the function); tests/test_binding.py checks this list too
+MTP_FUNCTIONS = (
+    "llama_batch_ext_init", "llama_batch_ext_free", "llama_batch_ext_clear", "llama_batch_ext_add_token",
+    "llama_batch_ext_set_pos", "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits",
+    "llama_process", "llama_model_n_layer_nextn", "llama_model_n_embd_out",
+)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,11 @@ class Model(_Owner):
         # repack of Q4_0/Q4_K/IQ4_NL/Q8_0 weights, AMX), no host buffer; both change the kernels
         params.use_extra_bufts = use_extra_bufts
         params.no_host = no_host
+        # a model's nextn (MTP) layers, where it has them: llama-server loads them when it drafts with
+        # them (common/common.cpp:1683, load_mtp), else skips their tensors (e.g. src/models/hy-v3.cpp:34-36);
+        # they take no part in the target's own graph, so loading them always changes no value
+        if hasattr(params, "load_mtp"):
+            params.load_mtp = True
         self.use_extra_bufts, self.no_host = use_extra_bufts, no_host
         lines: list[str] = []
         _sinks.append(lines.append)
@@ -147,6 +152,16 @@ class Model(_Owner):
         if self._ptr is None:
             raise RuntimeError("model is closed")
         return self._ptr
+
+    @functools.cached_property
+    def n_layer_nextn(self) -> int:
+        """The model's nextn (MTP) layers: 0 for a model without them (llama_model_n_layer_nextn)."""
+        return int(L.llama_model_n_layer_nextn(self.ptr))
+
+    @functools.cached_property
+    def n_embd_out(self) -> int:
+        """The width of the hidden state an MTP context takes per token (llama_model_n_embd_out)."""
+        return int(L.llama_model_n_embd_out(self.ptr))
 
     def close(self) -> None:
         for ctx in list(getattr(self, "_contexts", ())):  # none yet when __init__ failed
@@ -319,7 +334,8 @@ class Context(_Owner):
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
                  n_threads: int = 2, n_threads_batch: int | None = None, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
-                 swa_full: bool = False, n_seq_max: int = 1, kv_unified: bool = False):
+                 swa_full: bool = False, n_seq_max: int = 1, kv_unified: bool = False, mtp_of: "Context | None" = None,
+                 n_outputs_max: int = 0):
         self.model = model
         self.n_decodes = 0  # llama_decode calls that succeeded, and the batch rows they decoded
         self.n_rows = 0
@@ -343,6 +359,15 @@ class Context(_Owner):
         p.type_k, p.type_v = GGML_CACHE_TYPES[type_k], GGML_CACHE_TYPES[type_v]
         p.swa_full = swa_full
         p.no_perf = True
+        if n_outputs_max:
+            p.n_outputs_max = n_outputs_max
+        if mtp_of is not None:
+            # an MTP draft context over the target context `mtp_of` (common/speculative.cpp:2603-2617):
+            # ctx_type MTP, n_rs_seq 0, one output row per sequence
+            p.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+            p.ctx_other = mtp_of.ptr
+            p.n_rs_seq = 0
+            p.n_outputs_max_per_seq = 1
         ptr = L.llama_init_from_model(model.ptr, p)
         if not ptr:
             raise ModelError(f"libllama could not create a context (n_ctx={n_ctx}) for {model.path}")
@@ -354,6 +379,8 @@ class Context(_Owner):
         self.kv_tokens: list[int] = []  # the token in each KV position 0..len-1 (sequence 0)
         self._batch = Batch(n_batch)
         self._row_type = ctypes.c_float * self.n_vocab
+        self._ext = None  # a llama_batch_ext, made on first use (process)
+        self.is_mtp = mtp_of is not None
         model._contexts.append(self)
 
     @property
@@ -365,6 +392,9 @@ class Context(_Owner):
     def close(self) -> None:
         if self._ptr is not None:
             self._batch.close()
+            if self._ext is not None:
+                L.llama_batch_ext_free(self._ext)
+                self._ext = None
             L.llama_free(self._ptr)
             self._ptr = None
             if self in self.model._contexts:
@@ -390,6 +420,76 @@ class Context(_Owner):
                 self.kv_tokens[pos0:] = tokens
             else:
                 self.kv_tokens = []
+
+    def process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray, outputs: Sequence[bool]) -> None:
+        """Decode one batch in which each token carries a hidden-state row (`hidden`, [len(tokens),
+        n_embd_out] float32) as an MTP context takes it: llama_batch_ext_add_token, _set_pos,
+        _set_embd_token (the row is copied into the batch, llama-batch.cpp:1200-1234),
+        _set_output_logits, then llama_process (DECODE), as common_batch::get renders the server's
+        batches (common/common.cpp:2202-2240)."""
+        n = len(tokens)
+        if pos0 + n > self.n_ctx:
+            raise ModelError(f"the context is too small: {pos0 + n} tokens needed, n_ctx is {self.n_ctx}")
+        rows = np.ascontiguousarray(hidden, dtype=np.float32)
+        if rows.shape != (n, self.model.n_embd_out):
+            raise ValueError(f"hidden rows {rows.shape}, want ({n}, {self.model.n_embd_out})")
+        if self._ext is None:
+            self._ext = L.llama_batch_ext_init(self.ptr)
+            if not self._ext:
+                raise ModelError("libllama could not make an extended batch")
+        b = self._ext
+        L.llama_batch_ext_clear(b)
+        pos = ctypes.c_int32()
+        for k, tok in enumerate(tokens):
+            idx = int(L.llama_batch_ext_add_token(b, 0, int(tok)))
+            if idx < 0:
+                raise DecodeError(-1, f"llama_batch_ext_add_token: {idx}")
+            pos.value = pos0 + k
+            row = rows[k]
+            embd = L.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, rows.shape[1])
+            if not (L.llama_batch_ext_set_pos(b, idx, ctypes.byref(pos))
+                    and L.llama_batch_ext_set_embd_token(b, idx, embd)
+                    and (not outputs[k] or L.llama_batch_ext_set_output_logits(b, idx, True))):
+                raise DecodeError(-1, "an extended batch refused a token's position, hidden row or output")
+        rc = L.llama_process(self.ptr, L.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            self.kv_tokens = []
+            raise DecodeError(rc)
+        self.n_decodes += 1
+        self.n_rows += n
+        self.batches[n] += 1
+        if pos0 <= len(self.kv_tokens):
+            self.kv_tokens[pos0:] = tokens
+        else:
+            self.kv_tokens = []
+
+    def keep_hidden(self, masked: bool) -> None:
+        """Keep the hidden state the nextn layers read (llama_set_embeddings_nextn, llama-ext.h:96): for
+        every batch row (`masked` False, a target's) or the output rows (True, an MTP context's)."""
+        from replay.runtime.staging import staging
+        staging().set_embeddings_nextn(self.ptr, True, masked)
+
+    def hidden_rows(self, n: int) -> np.ndarray:
+        """A copy of the hidden-state rows of the last batch's `n` entries (unmasked: by batch index),
+        [n, n_embd_out] float32 (llama_get_embeddings_nextn)."""
+        from replay.runtime.staging import staging
+        ptr = staging().get_embeddings_nextn(self.ptr)
+        if not ptr:
+            raise DecodeError(-1, "libllama kept no hidden states (llama_get_embeddings_nextn)")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.model.n_embd_out)).copy()
+
+    def hidden_row(self, i: int) -> np.ndarray:
+        """A copy of the hidden state of output row `i` of the last batch (llama_get_embeddings_nextn_ith)."""
+        from replay.runtime.staging import staging
+        ptr = staging().get_embeddings_nextn_ith(self.ptr, i)
+        if not ptr:
+            raise DecodeError(-1, f"libllama kept no hidden state for output row {i}")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_embd_out,)).copy()
+
+    def nextn_layer(self, offset: int) -> None:
+        """Which nextn layer an MTP context's graph runs (llama_set_nextn_layer_offset, llama-ext.h:101)."""
+        from replay.runtime.staging import staging
+        staging().set_nextn_layer_offset(self.ptr, offset)
 
     def single_row_threads(self, n: int) -> None:
         """The threads of the next one-token decodes (llama_set_n_threads; batches keep theirs).

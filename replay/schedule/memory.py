@@ -106,17 +106,29 @@ class SlotConfig:
                        swa_full=self.swa_full, n_seq_max=self.n_seq_max, kv_unified=self.kv_unified)
 
     def open(self, target: Model, draft: Model | None = None,
-             draft_types: tuple[str, str] = ("f16", "f16"), draft_threads: int | None = None) -> "SlotMemory":
+             draft_types: tuple[str, str] = ("f16", "f16"), draft_threads: int | None = None, *,
+             mtp: bool = False) -> "SlotMemory":
         """A fresh slot: the target's context (and the draft model's, on `draft_threads`: None, the
-        target's), with the checkpoint rules of the target's memory. The slot owns its contexts
-        (SlotMemory.close)."""
+        target's; or, `mtp`, the target's MTP context), with the checkpoint rules of the target's memory.
+        The slot owns its contexts (SlotMemory.close)."""
         ctx = self.context(target)
         removes = ctx.removes_suffixes()
-        dctx = self.context(draft, *draft_types, threads=draft_threads) if draft is not None else None
+        if mtp:
+            # made from the target model on the target's settings, the draft KV types (-ctkd/-ctvd) and the
+            # target's -t (-td is a draft model's only), one output row per slot (common/speculative.cpp:
+            # 2527-2562, 2603-2617). Its memory is a plain KV of the nextn layers (src/llama-model.cpp:
+            # 2808-2820), which drops a suffix: nothing to probe
+            dctx = Context(target, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                           n_threads=self.threads, n_threads_batch=host_cores(), flash_attn=self.flash_attn,
+                           type_k=draft_types[0], type_v=draft_types[1], swa_full=self.swa_full,
+                           n_seq_max=self.n_seq_max, kv_unified=self.kv_unified, mtp_of=ctx,
+                           n_outputs_max=self.n_seq_max)
+        else:
+            dctx = self.context(draft, *draft_types, threads=draft_threads) if draft is not None else None
         rules = checkpoint_rules(target, removes, n_ctx_checkpoints=self.n_ctx_checkpoints,
                                  min_step=self.min_step, swa_full=self.swa_full, build=self.build)
         return SlotMemory(ctx, rules, n_swa=0 if self.swa_full else target.n_swa, draft=dctx,
-                          removes=(removes, dctx is None or dctx.removes_suffixes()))
+                          removes=(removes, dctx is None or mtp or dctx.removes_suffixes()))
 
 
 class SlotMemory:
@@ -131,6 +143,9 @@ class SlotMemory:
         self.checkpoints: list[Checkpoint] = []
         self.task = 0
         self.last_batches: list[PromptBatch] = []  # the batches of the last prompt prefilled
+        # draft-mtp's carry over the MTP context `draft` (loop/draft_mtp.py MtpHeads; the loop attaches it):
+        # kept with the slot for the server's life, as the server never resets it
+        self.mtp: Any = None
 
     @property
     def tokens(self) -> list[int]:
@@ -138,6 +153,9 @@ class SlotMemory:
         return self.ctx.kv_tokens
 
     def close(self) -> None:
+        if self.mtp is not None:
+            self.mtp.close()
+            self.mtp = None
         for c in (self.draft, self.ctx):
             if c is not None:
                 c.close()
@@ -210,7 +228,9 @@ class SlotMemory:
             part = list(prompt[b.start:b.end])
             outs = [False] * (len(part) - 1) + [output_last and b.end == n]
             self.ctx.decode(part, b.start, outs)
-            if self.draft is not None:  # the mirror's output is on its last row (common/speculative.cpp:304-348)
+            if self.mtp is not None:  # MTP heads catch up on every target batch (loop/draft_mtp.py)
+                self.mtp.process(part, b.start)
+            elif self.draft is not None:  # the mirror's output is on its last row (common/speculative.cpp:304-348)
                 self.draft.decode(part, b.start, [False] * (len(part) - 1) + [True])
             batches.append(b)
             start = b.end

@@ -18,6 +18,8 @@ import statistics
 import time
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from replay.errors import ModelError
 from replay.loop.draft_model import DRAFT_TOP_K
 from replay.runtime.llama import Context, Model
@@ -46,6 +48,37 @@ def _fill(ctx: Context, tokens: Sequence[int], depth: int) -> None:
         ctx.decode(ids[a:a + ctx.n_batch], a)
 
 
+def _mtp_costs(target: Model, slot: SlotConfig, sizes: Iterable[int], depth: int, tokens: Sequence[int],
+               draft_types: tuple[str, str], reps: int) -> tuple[dict[int, float], float]:
+    """The MTP heads' decode costs (loop/draft_mtp.py): the slot's MTP context, filled to `depth` by the
+    heads' catch-up on the target's batches, then a batch of each size with hidden rows, its last row out
+    (a draft step; a catch-up batch has none, at about the same cost); and the draft chain's sampling."""
+    from replay.loop.draft_mtp import DRAFT_TOP_K as MTP_TOP_K, MtpHeads, backend_top_k
+    memory = slot.open(target, None, draft_types, mtp=True)
+    heads = MtpHeads(memory.ctx, memory.draft, suppress_tokens=False)
+    try:
+        ids = (list(tokens) * (depth // max(len(tokens), 1) + 1))[:depth]
+        for a in range(0, len(ids), memory.ctx.n_batch):
+            memory.ctx.decode(ids[a:a + memory.ctx.n_batch], a)
+            heads.process(ids[a:a + memory.ctx.n_batch], a)
+        dctx, token, out = memory.draft, ids[-1] if ids else 0, {}
+        rows = np.zeros((max([*sizes, 1]), target.n_embd_out), dtype=np.float32)
+        for b in sorted(set(sizes) | {1}):
+            if b <= 0 or depth + b > dctx.n_ctx:
+                continue
+
+            def once(b=b) -> None:
+                dctx.process([token] * b, depth, rows[:b], [False] * (b - 1) + [True])
+                dctx.seq_rm(0, depth, -1)
+            out[b] = _median_ms(once, reps)
+        dctx.process([token], depth, rows[:1], [True])
+        logits = backend_top_k(dctx.logits(0), MTP_TOP_K)
+        return out, _median_ms(lambda: heads.chain.apply(logits), reps)
+    finally:
+        heads.close()
+        memory.close()
+
+
 def _decode_costs(ctx: Context, sizes: Iterable[int], depth: int, token: int, *, all_rows: bool,
                   reps: int) -> dict[int, float]:
     out = {}
@@ -64,7 +97,7 @@ def _decode_costs(ctx: Context, sizes: Iterable[int], depth: int, token: int, *,
 def measure(target: Model, draft: Model | None, slot: SlotConfig, params: SamplingParams, *,
             target_sizes: Iterable[int], draft_sizes: Iterable[int], depth: int, tokens: Sequence[int],
             draft_types: tuple[str, str] = ("f16", "f16"), draft_threads: int | None = None,
-            reps: int = REPS) -> CostTable:
+            reps: int = REPS, mtp: bool = False) -> CostTable:
     """The cost table (module docstring): decodes of each size in `target_sizes` / `draft_sizes` at KV depth
     `depth` (filled with `tokens`; less where the context cannot hold it, and the source says so), the target
     chain built from `params` (one request's: tune passes the first record's, and its slot) and the draft
@@ -91,7 +124,9 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
     finally:
         chain.close()
     d_costs, d_sample = {}, 0.0
-    if draft is not None:
+    if mtp:  # the target's own MTP heads draft (no draft model)
+        d_costs, d_sample = _mtp_costs(target, slot, draft_sizes, depth, tokens, draft_types, reps)
+    elif draft is not None:
         dctx = slot.context(draft, *draft_types, threads=draft_threads)
         try:
             if not dctx.removes_suffixes():

@@ -39,20 +39,23 @@ def _write(records: list[dict], path):
     return path
 
 
-CASES = {  # id: (fixture, temperature)
-    "one-head-f32-t0": ("tiny-hyv3-mtp1.gguf", 0.0),
-    "two-heads-f32-t0": ("tiny-hyv3-mtp2.gguf", 0.0),
-    "one-head-q8_0-t0": ("tiny-hyv3-q8_0-mtp1.gguf", 0.0),
-    "two-heads-q8_0-t1": ("tiny-hyv3-q8_0-mtp2.gguf", 1.0),
+CASES = {  # id: (fixture, temperature, server flags)
+    "one-head-f32-t0": ("tiny-hyv3-mtp1.gguf", 0.0, {}),
+    "two-heads-f32-t0": ("tiny-hyv3-mtp2.gguf", 0.0, {}),
+    "one-head-q8_0-t0": ("tiny-hyv3-q8_0-mtp1.gguf", 0.0, {}),
+    "two-heads-q8_0-t1": ("tiny-hyv3-q8_0-mtp2.gguf", 1.0, {}),
+    "one-head-q8_0-t1-probabilistic": ("tiny-hyv3-q8_0-mtp1.gguf", 1.0, {"draft_sampling": "probabilistic"}),
+    "two-heads-f32-t1-probabilistic": ("tiny-hyv3-mtp2.gguf", 1.0, {"draft_sampling": "probabilistic"}),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_trace_drafts_and_verifies_as_a_real_mtp_server(case, b11434, server_cpu, tmp_path):
     """Every token and the draft totals of each record (a drafted/accepted count per record, from the
-    server's timings), on one and two heads, at temperature 0 and 1 (greedy drafts, sample-and-match)."""
-    name, temp = CASES[case]
-    cfg = ServerConfig(FIXTURES / name, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",))
+    server's timings), on one and two heads, at temperature 0 and 1: greedy drafts verified by
+    sample-and-match, and probabilistic ones (the retuned draft sampler) by the rejection rule."""
+    name, temp, flags = CASES[case]
+    cfg = ServerConfig(FIXTURES / name, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",), **flags)
     records = _record(b11434.server, cfg, temp)
     assert all(r["response"]["timings"]["draft_n"] > 0 for r in records)
     src = _write(records, tmp_path / "mtp.jsonl")
@@ -62,6 +65,8 @@ def test_trace_drafts_and_verifies_as_a_real_mtp_server(case, b11434, server_cpu
     assert len(traced) == len(PROMPTS)
     for t in traced:
         assert t["reproduced"], t.get("first_divergence")
+        rules = {step["rule"] for step in t.get("steps", []) if step.get("draft")}
+        assert not rules or rules == {"rejection" if flags else "sample-and-match"}, rules
         assert (t["draft_n"], t["draft_n_accepted"]) == (t["server_draft_n"], t["server_draft_n_accepted"]), t
     print(f"\n{case}: drafted/accepted " + ", ".join(f"{t['draft_n']}/{t['draft_n_accepted']}" for t in traced))
 

@@ -103,6 +103,11 @@ class DraftSimple:
                                                               temp=temp, seed=s),
                             suppress_tokens=self.source.era.suppress_tokens)
 
+    @property
+    def passes(self) -> int:
+        """The draft chain's passes so far this request (one per drafted position)."""
+        return self.chain.passes if self.chain is not None else 0
+
     def begin(self, prompt: Sequence[int]) -> None:
         pass
 

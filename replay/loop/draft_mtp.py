@@ -2,8 +2,8 @@
 
 As b11434's common_speculative_impl_draft_mtp (common/speculative.cpp:1390-1828) does it, for targets
 whose MTP context keeps its own KV (hy_v3, qwen35: `llama_get_ctx_other` is null for them,
-src/llama-context.cpp:146-165; gemma4's assistant, which shares the target's memory, is refused in
-loop/replayable.py):
+src/llama-context.cpp:146-165; gemma4's assistant, which shares the target's memory and comes with
+-md, is refused: loop/replayable.py, MtpHeads):
 
 - The slot's MTP context is made from the target model (ctx_type MTP, ctx_other the target, n_rs_seq 0,
   one output per sequence: speculative.cpp:2603-2617; runtime/llama.py Context(mtp_of=)), keeps its
@@ -23,8 +23,11 @@ loop/replayable.py):
 - `accept(n)` (:1814-1827): `pending_h` becomes the target's row of the last accepted token; the server
   calls it on every drafter after a drafted step (:2958-2992), whichever drafted.
 
-Probabilistic MTP drafting (`--spec-draft-sampling probabilistic` at temperature > 0, :1667-1674) is
-refused by loop/replayable.py until it is replayed.
+- Probabilistic drafting (`--spec-draft-sampling probabilistic` at temperature > 0, :1667-1674): the
+  slot's draft sampler is retuned to the request's temperature and seed (spec_retune, :33-70: top-k 10,
+  temperature, dist seeded `seed ^ 0x85ebca6b`), reset when a request begins (:1518-1520), the drawn
+  candidate drafted and the candidates kept as q, so the target verifies by the rejection rule; a greedy
+  request after it keeps the retuned chain (its p, against --spec-draft-p-min, is the tuned one).
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
+from replay.errors import TranscriptError
+from replay.numerics.rng import DRAFT_SEED_XOR
 from replay.runtime.llama import Context
 from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
 
@@ -65,14 +70,35 @@ class MtpHeads:
         self.verify_h = np.zeros((0, n_embd), dtype=np.float32)
         self.n_heads = max(1, target.model.n_layer_nextn)
         self.chained = self.n_heads > 1
-        self.chain = SamplerChain(target.model, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K,
-                                                               seed=LLAMA_DEFAULT_SEED),
-                                  suppress_tokens=suppress_tokens)
+        self.suppress_tokens = suppress_tokens
+        self.retune: tuple[float, int] | None = None  # the slot's last spec_retune (temp, seed), kept across requests
+        self.chain: SamplerChain | None = None  # this request's draft sampler, made at its first draft
+        from replay.runtime.staging import staging
+        if staging().get_ctx_other(ctx.ptr):  # is_mem_shared (:1481): gemma4's assistant drafts at one position
+            raise TranscriptError(f"--spec-type draft-mtp: {target.model.path.name}'s MTP context shares the target's "
+                                  "memory (gemma4's assistant), which is not replayed yet")
         target.keep_hidden(masked=False)
         ctx.keep_hidden(masked=True)
 
     def close(self) -> None:
-        self.chain.close()
+        self.begin()
+
+    def begin(self) -> None:
+        """A request begins: its draft sampler is made afresh (common_sampler_reset, :1518-1520)."""
+        if self.chain is not None:
+            self.chain.close()
+            self.chain = None
+
+    def _sampler(self, probabilistic: bool, temp: float, seed: int) -> SamplerChain:
+        if probabilistic:
+            self.retune = (temp, seed)
+        if self.retune is None:
+            params = SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K, seed=LLAMA_DEFAULT_SEED)
+        else:
+            t, s = self.retune
+            params = SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K, temp=t,
+                                    seed=LLAMA_DEFAULT_SEED if s == LLAMA_DEFAULT_SEED else (s ^ DRAFT_SEED_XOR))
+        return SamplerChain(self.target.model, params, suppress_tokens=self.suppress_tokens)
 
     def process(self, tokens: Sequence[int], pos0: int) -> None:
         """The MTP context's catch-up after the target decoded `tokens` at pos0.. (module docstring)."""
@@ -91,12 +117,19 @@ class MtpHeads:
         self.verify_h = h
         self.pending_h = h[-1].copy()
 
-    def draft(self, id_last: int, pos0: int, *, n_max: int, p_min: float, n_min: int) -> list[int]:
-        """Greedy drafts from [id_last at pos0] (module docstring); the caller cuts them to the slot's
-        limit, as common_speculative_draft does after the drafter returns (:2913-2923)."""
+    def draft(self, id_last: int, pos0: int, *, n_max: int, p_min: float, n_min: int, probabilistic: bool = False,
+              temp: float = 0.0, seed: int = LLAMA_DEFAULT_SEED) -> tuple[list[int], list | None]:
+        """Drafts from [id_last at pos0] (module docstring), and their q where drafted probabilistically;
+        the caller cuts them to the slot's limit, as common_speculative_draft does after the drafter
+        returns (:2913-2923)."""
+        if self.chain is None or probabilistic and self.retune != (temp, seed):
+            if self.chain is not None:
+                self.chain.close()
+            self.chain = self._sampler(probabilistic, temp, seed)
         if self.chained:
             n_max = min(n_max, self.n_heads)
         out: list[int] = []
+        qs: list[tuple[np.ndarray, np.ndarray]] = []
         hs = [self.pending_h]  # the hidden row each entry of a chained prefix carries
         tokens, start, rows = [id_last], pos0, np.asarray([self.pending_h])
         i = 0
@@ -105,13 +138,14 @@ class MtpHeads:
                 self.ctx.seq_rm(0, pos0, -1)
                 self.ctx.nextn_layer(i)
             self.ctx.process(tokens, start, rows, [False] * (len(tokens) - 1) + [True])
-            cands, _ = self.chain.apply(backend_top_k(self.ctx.logits(-1), DRAFT_TOP_K))
+            cands, sel = self.chain.apply(backend_top_k(self.ctx.logits(-1), DRAFT_TOP_K))
             h_row = self.ctx.hidden_row(len(tokens) - 1)
-            tok = int(cands["id"][0])
+            tok = int(cands["id"][sel] if probabilistic else cands["id"][0])
             if cands["p"][0] < p_min:
                 break
             self.chain.accept(tok)
             out.append(tok)
+            qs.append((cands["id"].copy(), cands["p"].copy()))
             if n_max <= len(out):
                 break
             if self.chained:
@@ -122,7 +156,9 @@ class MtpHeads:
             i += 1
         if self.chained:
             self.ctx.nextn_layer(0)
-        return out if len(out) >= n_min else []
+        if len(out) < n_min:
+            return [], None
+        return out, (qs if probabilistic else None)
 
     def accept(self, n_accepted: int) -> None:
         """pending_h = the target's row of the last accepted token (:1814-1827)."""
@@ -136,15 +172,25 @@ class DraftMtp:
     name = "draft-mtp"
     accepts_others = True  # common_speculative_accept calls every drafter's accept (:2986-2991)
 
-    def __init__(self, heads: MtpHeads, spec):
-        self.heads, self.spec = heads, spec
+    def __init__(self, heads: MtpHeads, spec, temp: float = 0.0, seed: int = LLAMA_DEFAULT_SEED):
+        self.heads, self.spec, self.temp, self.seed = heads, spec, temp, seed
+        # the server asks for q (rejection) only at temperature > 0, and MTP keeps it only when probabilistic
+        self.probabilistic = spec.draft_sampling == "probabilistic" and temp > 0
+        self.last_q: list[tuple[np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def passes(self) -> int:
+        """The draft chain's passes so far this request (one per drafted position)."""
+        return self.heads.chain.passes if self.heads.chain is not None else 0
 
     def begin(self, prompt: Sequence[int]) -> None:
-        pass  # common_sampler_reset of a greedy chain (:1518-1537): nothing that moves a draft
+        self.heads.begin()
 
     def draft(self, inp: Sequence[int], id_last: int, n_max: int) -> list[int]:
-        return self.heads.draft(id_last, len(inp), n_max=self.spec.draft_n_max, p_min=self.spec.draft_p_min,
-                                n_min=self.spec.draft_n_min)
+        out, self.last_q = self.heads.draft(id_last, len(inp), n_max=self.spec.draft_n_max,
+                                            p_min=self.spec.draft_p_min, n_min=self.spec.draft_n_min,
+                                            probabilistic=self.probabilistic, temp=self.temp, seed=self.seed)
+        return out
 
     def accept(self, n_accepted: int) -> None:
         self.heads.accept(n_accepted)

@@ -409,10 +409,11 @@ def _draft_simple(spec, draft_model) -> Drafter:
     return draft_model.drafter(spec)
 
 
-def _draft_mtp(spec, heads) -> Drafter:
+def _draft_mtp(spec, source) -> Drafter:
     from replay.loop.draft_mtp import DraftMtp
-    assert heads is not None, "draft-mtp needs the slot's MTP context (loop.py makes it)"
-    return DraftMtp(heads, spec)
+    assert source is not None, "draft-mtp needs the slot's MTP context (loop.py makes it)"
+    heads, temp, seed = source
+    return DraftMtp(heads, spec, temp, seed)
 
 
 DRAFTERS: dict[str, DrafterKind] = {

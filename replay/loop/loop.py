@@ -259,7 +259,8 @@ class SpeculativeLoop:
         self.draft_ctx = (DraftContext(draft_model, self.memory.draft, era, params.temp, params.seed, state)
                           if draft_model is not None else None)
         self.drafters: list[Drafter] = make_drafters(replace(spec, spec_types=tuple(types)), draft_model=self.draft_ctx,
-                                                     mtp=self.memory.mtp, state=state, map_cleanup=era.map_cleanup)
+                                                     mtp=(self.memory.mtp, params.temp, params.seed) if mtp else None,
+                                                     state=state, map_cleanup=era.map_cleanup)
         self.emitted: list[Emitted] = []
         self.text = b""
         self.kv: list[int] = []  # tokens in the target KV (prompt + accepted, without `sampled`)
@@ -274,9 +275,6 @@ class SpeculativeLoop:
         if target.n_layer_nextn < 1:
             raise TranscriptError(f"--spec-type draft-mtp: {target.path.name} has no nextn (MTP) layers, so a server "
                                   "could not have drafted with it (llama_init_from_model refuses an MTP context)")
-        if spec.draft_sampling == "probabilistic" and params.temp > 0:
-            raise TranscriptError("--spec-type draft-mtp with --spec-draft-sampling probabilistic at temperature > 0 is "
-                                  "not replayed yet (the MTP drafter's retuned sampler, common/speculative.cpp:1667-1674)")
 
     def _drafting(self, spec, era: Era, target: Model, draft_model: Model | None) -> tuple[list[str], Model | None]:
         """The speculative types the server drafted with, and its draft model, as it would take them."""
@@ -298,7 +296,7 @@ class SpeculativeLoop:
 
     def draft_samples(self) -> int:
         """The draft chains' passes so far (one per drafted position)."""
-        return sum(d.chain.passes for d in self.drafters if isinstance(d, DraftSimple) and d.chain is not None)
+        return sum(getattr(d, "passes", 0) for d in self.drafters)
 
     def close(self) -> None:
         """Free the request's samplers; the slot's memory stays with its SlotState (freed here if the loop made it)."""
@@ -446,7 +444,7 @@ class SpeculativeLoop:
             got = d.draft(self.kv, self.sampled, n_max)
             if got:
                 draft, drafter = got[:n_max], d
-                if isinstance(d, DraftSimple) and d.last_q is not None:
+                if getattr(d, "last_q", None) is not None:  # draft-simple's or MTP's probabilistic drafts
                     q = d.last_q[:n_max]
                 elif self.era.q_trim_bug and self.params.temp > 0 and len(got) > n_max:
                     # b11368..b11382: the server resizes the empty q of an n-gram draft it cuts to n_max

@@ -73,7 +73,11 @@ def _mtp_costs(target: Model, slot: SlotConfig, sizes: Iterable[int], depth: int
             out[b] = _median_ms(once, reps)
         dctx.process([token], depth, rows[:1], [True])
         logits = backend_top_k(dctx.logits(0), MTP_TOP_K)
-        return out, _median_ms(lambda: heads.chain.apply(logits), reps)
+        chain = SamplerChain(target, SamplingParams(samplers=("top_k",), top_k=MTP_TOP_K, seed=LLAMA_DEFAULT_SEED))
+        try:
+            return out, _median_ms(lambda: chain.apply(logits), reps)
+        finally:
+            chain.close()
     finally:
         heads.close()
         memory.close()

@@ -48,3 +48,31 @@ def test_a_real_mtp_server_drafts_with_the_fixtures_heads_and_accepts_some(name,
     assert 0 < accepted < drafted, (drafted, accepted)
     assert placeholders >= 4 * 40, placeholders
     assert "creating MTP draft context" in srv.log()
+
+
+def test_a_target_without_nextn_tensors_cannot_have_drafted_with_mtp_heads(tmp_path):
+    """check_mtp (loop/draft_mtp.py) takes the fixtures and refuses, in one line, a file whose metadata
+    declares a nextn layer but holds none of its tensors (hy_v3 then loads the trunk alone,
+    src/models/hy-v3.cpp:26-32, and an MTP graph would run without weights) and a model with no nextn
+    layers at all."""
+    sys.path.insert(0, str(FIXTURES))
+    import make_tiny_mtp as mk
+    from make_tiny_arch import write_gguf
+
+    from replay.errors import TranscriptError
+    from replay.llamacpp.models import tiny_target
+    from replay.loop.draft_mtp import check_mtp
+    from replay.runtime.llama import Model
+
+    a = mk.hy_v3(1)
+    layer = a.layer_tensors
+    a.layer_tensors = lambda il: [t for t in layer(il) if not t[0].startswith("nextn.")]
+    trunk_only = tmp_path / "trunk-only.gguf"
+    write_gguf(trunk_only, a, mk.weights(1), "trunk only")
+    with Model(FIXTURES / "tiny-hyv3-q8_0-mtp2.gguf") as m:
+        check_mtp(m)
+        assert m.n_layer_nextn == 2
+    with Model(trunk_only) as m, pytest.raises(TranscriptError, match="holds no nextn tensors"):
+        check_mtp(m)
+    with Model(tiny_target()) as m, pytest.raises(TranscriptError, match="has no nextn"):
+        check_mtp(m)

@@ -56,6 +56,19 @@ def compatibility(target: Model, draft: Model) -> str | None:
     return None
 
 
+def draft_chain(model: Model, retune: tuple[float, int] | None, *, suppress_tokens: bool) -> SamplerChain:
+    """A draft sampler as common/speculative.cpp builds one: top-k 10 (:1453-1460 for MTP heads, likewise
+    for a draft model), or, once retuned to a request's (temp, seed), top-k 10 and that temperature with a
+    dist seeded `seed ^ 0x85ebca6b` (spec_retune, :33-70)."""
+    if retune is None:
+        return SamplerChain(model, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K, seed=LLAMA_DEFAULT_SEED),
+                            suppress_tokens=suppress_tokens)
+    temp, seed = retune
+    s = LLAMA_DEFAULT_SEED if seed == LLAMA_DEFAULT_SEED else (seed ^ DRAFT_SEED_XOR)
+    return SamplerChain(model, SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K, temp=temp, seed=s),
+                        suppress_tokens=suppress_tokens)
+
+
 @dataclass
 class DraftContext:
     """The draft model and its context (the slot's memory owns it) for one request."""
@@ -92,16 +105,8 @@ class DraftSimple:
         slot = self.source.slot
         if self.probabilistic:
             slot.retune = (self.source.temp, self.source.seed)  # spec_retune (:35-70)
-        tuned = slot.retune if self.probabilistic_server else None
-        if tuned is None:
-            return SamplerChain(self.source.model, SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K,
-                                                                  seed=LLAMA_DEFAULT_SEED),
-                                suppress_tokens=self.source.era.suppress_tokens)
-        temp, seed = tuned
-        s = LLAMA_DEFAULT_SEED if seed == LLAMA_DEFAULT_SEED else (seed ^ DRAFT_SEED_XOR)
-        return SamplerChain(self.source.model, SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K,
-                                                              temp=temp, seed=s),
-                            suppress_tokens=self.source.era.suppress_tokens)
+        return draft_chain(self.source.model, slot.retune if self.probabilistic_server else None,
+                           suppress_tokens=self.source.era.suppress_tokens)
 
     @property
     def passes(self) -> int:

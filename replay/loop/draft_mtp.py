@@ -5,8 +5,8 @@ whose MTP context keeps its own KV (hy_v3, qwen35: `llama_get_ctx_other` is null
 src/llama-context.cpp:146-165; gemma4's assistant, which shares the target's memory and comes with
 -md, is refused: loop/replayable.py, MtpHeads):
 
-- The slot's MTP context is made from the target model (ctx_type MTP, ctx_other the target, n_rs_seq 0,
-  one output per sequence: speculative.cpp:2603-2617; runtime/llama.py Context(mtp_of=)), keeps its
+- The slot's MTP context is made from the target model (ctx_type MTP, ctx_other the target, n_rs_seq 0:
+  speculative.cpp:2603-2617; one output per sequence: :2561-2562; runtime/llama.py Context(mtp_of=)), keeps its
   hidden states for its output rows, and the target keeps its own for every batch row
   (llama_set_embeddings_nextn(tgt, true, false) and (dft, true, true): :1478-1479).
 - `process`, after every target decode, prompt batches and verify batches alike (server-context.cpp:
@@ -35,12 +35,27 @@ from typing import Sequence
 
 import numpy as np
 
-from replay.errors import TranscriptError
-from replay.numerics.rng import DRAFT_SEED_XOR
-from replay.runtime.llama import Context
-from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
+from replay.errors import DecodeError, ModelError, TranscriptError
+from replay.loop.draft_model import draft_chain
+from replay.runtime.gguf import tensor_names
+from replay.runtime.llama import Context, Model
+from replay.runtime.staging import staging
+from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain
 
 DRAFT_TOP_K = 10  # common/speculative.cpp:1453-1460
+
+
+def check_mtp(target: Model) -> None:
+    """Refuse, in one line, a target a server could not have drafted from with MTP heads: no nextn layers
+    (llama_init_from_model refuses the MTP context), or nextn layers the file declares without their
+    tensors (src/models/hy-v3.cpp:26-32 then loads the trunk alone, and the MTP graph has no weights)."""
+    if target.n_layer_nextn < 1:
+        raise TranscriptError(f"--spec-type draft-mtp: {target.path.name} has no nextn (MTP) layers, so a server "
+                              "could not have drafted with it (llama_init_from_model refuses an MTP context)")
+    n_trunk = int(target.meta(f"{target.meta('general.architecture')}.block_count") or 0) - target.n_layer_nextn
+    if f"blk.{n_trunk}.nextn.eh_proj.weight" not in tensor_names(target.path):
+        raise TranscriptError(f"--spec-type draft-mtp: {target.path.name} declares {target.n_layer_nextn} nextn "
+                              "layer(s) but holds no nextn tensors (a trunk-only file): give the file with them")
 
 
 def backend_top_k(logits: np.ndarray, k: int) -> np.ndarray:
@@ -73,7 +88,6 @@ class MtpHeads:
         self.suppress_tokens = suppress_tokens
         self.retune: tuple[float, int] | None = None  # the slot's last spec_retune (temp, seed), kept across requests
         self.chain: SamplerChain | None = None  # this request's draft sampler, made at its first draft
-        from replay.runtime.staging import staging
         if staging().get_ctx_other(ctx.ptr):  # is_mem_shared (:1481): gemma4's assistant drafts at one position
             raise TranscriptError(f"--spec-type draft-mtp: {target.model.path.name}'s MTP context shares the target's "
                                   "memory (gemma4's assistant), which is not replayed yet")
@@ -92,13 +106,7 @@ class MtpHeads:
     def _sampler(self, probabilistic: bool, temp: float, seed: int) -> SamplerChain:
         if probabilistic:
             self.retune = (temp, seed)
-        if self.retune is None:
-            params = SamplingParams(samplers=("top_k",), top_k=DRAFT_TOP_K, seed=LLAMA_DEFAULT_SEED)
-        else:
-            t, s = self.retune
-            params = SamplingParams(samplers=("top_k", "temperature"), top_k=DRAFT_TOP_K, temp=t,
-                                    seed=LLAMA_DEFAULT_SEED if s == LLAMA_DEFAULT_SEED else (s ^ DRAFT_SEED_XOR))
-        return SamplerChain(self.target.model, params, suppress_tokens=self.suppress_tokens)
+        return draft_chain(self.target.model, self.retune, suppress_tokens=self.suppress_tokens)
 
     def process(self, tokens: Sequence[int], pos0: int) -> None:
         """The MTP context's catch-up after the target decoded `tokens` at pos0.. (module docstring)."""
@@ -118,7 +126,8 @@ class MtpHeads:
         self.pending_h = h[-1].copy()
 
     def draft(self, id_last: int, pos0: int, *, n_max: int, p_min: float, n_min: int, probabilistic: bool = False,
-              temp: float = 0.0, seed: int = LLAMA_DEFAULT_SEED) -> tuple[list[int], list | None]:
+              temp: float = 0.0, seed: int = LLAMA_DEFAULT_SEED
+              ) -> tuple[list[int], list[tuple[np.ndarray, np.ndarray]] | None]:
         """Drafts from [id_last at pos0] (module docstring), and their q where drafted probabilistically;
         the caller cuts them to the slot's limit, as common_speculative_draft does after the drafter
         returns (:2913-2923)."""
@@ -137,7 +146,10 @@ class MtpHeads:
             if self.chained:
                 self.ctx.seq_rm(0, pos0, -1)
                 self.ctx.nextn_layer(i)
-            self.ctx.process(tokens, start, rows, [False] * (len(tokens) - 1) + [True])
+            try:
+                self.ctx.process(tokens, start, rows, [False] * (len(tokens) - 1) + [True])
+            except (DecodeError, ModelError):  # past the KV's cells: the server keeps what it drafted (:1710-1714)
+                break
             cands, sel = self.chain.apply(backend_top_k(self.ctx.logits(-1), DRAFT_TOP_K))
             h_row = self.ctx.hidden_row(len(tokens) - 1)
             tok = int(cands["id"][sel] if probabilistic else cands["id"][0])

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+from replay.errors import TranscriptError
 from replay.loop.replayable import PRIORITY
 from replay.loop.state import SlotState
 from replay.numerics.stdmap import StdIntMap
@@ -411,7 +412,8 @@ def _draft_simple(spec, draft_model) -> Drafter:
 
 def _draft_mtp(spec, source) -> Drafter:
     from replay.loop.draft_mtp import DraftMtp
-    assert source is not None, "draft-mtp needs the slot's MTP context (loop.py makes it)"
+    if source is None:  # loop.py makes the slot's MTP context before its drafters
+        raise TranscriptError("--spec-type draft-mtp needs the target's MTP context, which was not made")
     heads, temp, seed = source
     return DraftMtp(heads, spec, temp, seed)
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from replay.builds.loop_shapes import Era
 from replay.errors import TranscriptError
-from replay.loop.draft_mtp import MtpHeads
+from replay.loop.draft_mtp import MtpHeads, check_mtp
 from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
 from replay.loop.drafters import Drafter, make_drafters
 from replay.loop.expectation import acceptance_prob, not_expectable
@@ -240,7 +240,7 @@ class SpeculativeLoop:
         draft_threads = draft_thread_count(spec) if draft_model is not None else None  # -td needs a draft model
         mtp = "draft-mtp" in types
         if mtp:
-            self._check_mtp(target, spec, params)
+            check_mtp(target)
         key = (str(target.path), slot_config, str(draft_model.path) if draft_model is not None else None, draft_types,
                draft_threads, mtp)
         self.memory, self.continued = state.memory_for(
@@ -268,13 +268,6 @@ class SpeculativeLoop:
         self.alive = True
         self.n_draft = 0
         self.n_accepted = 0
-
-    @staticmethod
-    def _check_mtp(target: Model, spec, params) -> None:
-        """Refuse, in one line, an MTP configuration this loop does not replay (loop/draft_mtp.py)."""
-        if target.n_layer_nextn < 1:
-            raise TranscriptError(f"--spec-type draft-mtp: {target.path.name} has no nextn (MTP) layers, so a server "
-                                  "could not have drafted with it (llama_init_from_model refuses an MTP context)")
 
     def _drafting(self, spec, era: Era, target: Model, draft_model: Model | None) -> tuple[list[str], Model | None]:
         """The speculative types the server drafted with, and its draft model, as it would take them."""

@@ -78,9 +78,8 @@ class _Reader:
             raise _Corrupt(f"unknown metadata value type {vtype}")
 
 
-def data_end(buf) -> int:
-    """Where the last tensor's data ends, by the header of GGUF bytes `buf`."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+def _header(buf) -> tuple[_Reader, int, int]:
+    """(a reader at the first tensor info, the tensor count, the data alignment) of GGUF bytes `buf`."""
     r = _Reader(buf)
     if bytes(buf[r.take(4):4]) != MAGIC:
         raise _Corrupt("not a GGUF file")
@@ -100,7 +99,11 @@ def data_end(buf) -> int:
                 raise _Corrupt(f"general.alignment {alignment} is not a power of two")
         else:
             r.skip_value(vtype)
-    end = 0
+    return r, n_tensors, alignment
+
+
+def _tensor_infos(r: _Reader, n_tensors: int):
+    """(name, elements, type, offset) of each tensor info, in file order."""
     for _ in range(n_tensors):
         name = r.string()
         n_dims = r.u32()
@@ -110,6 +113,15 @@ def data_end(buf) -> int:
         for _ in range(n_dims):
             n *= r.u64()
         ttype, offset = r.u32(), r.u64()
+        yield name, n, ttype, offset
+
+
+def data_end(buf) -> int:
+    """Where the last tensor's data ends, by the header of GGUF bytes `buf`."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    r, n_tensors, alignment = _header(buf)
+    end = 0
+    for name, n, ttype, offset in _tensor_infos(r, n_tensors):
         try:
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
         except (ValueError, KeyError):
@@ -117,6 +129,14 @@ def data_end(buf) -> int:
         end = max(end, offset + n // block * size)
     start = (r.off + alignment - 1) // alignment * alignment
     return start + end
+
+
+def tensor_names(path: Path | str) -> frozenset[str]:
+    """The names of a (checked: check_gguf) GGUF file's tensors, read from its header alone."""
+    p = check_gguf(path)
+    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        r, n_tensors, _ = _header(mm)
+        return frozenset(name.decode("utf-8", "replace") for name, *_ in _tensor_infos(r, n_tensors))
 
 
 _CHECKED: set[tuple[str, int, int]] = set()  # (path, size, mtime) found complete in this process

@@ -23,6 +23,7 @@ import numpy as np
 from replay.errors import DecodeError, ModelError
 from replay.runtime.binding import L, loaded_health
 from replay.runtime.gguf import check_gguf
+from replay.runtime.staging import staging
 from replay.settings.cache_types import GGML_CACHE_TYPES
 
 # --- logging: libllama is quiet unless SPEC_REPLAY_VERBOSE is set -------------
@@ -127,7 +128,8 @@ class Model(_Owner):
         params.no_host = no_host
         # a model's nextn (MTP) layers, where it has them: llama-server loads them when it drafts with
         # them (common/common.cpp:1683, load_mtp), else skips their tensors (e.g. src/models/hy-v3.cpp:34-36);
-        # they take no part in the target's own graph, so loading them always changes no value
+        # they take no part in the target's own graph, so loading them always changes no value (only
+        # memory: a large model's nextn layers are a layer's weights each, mapped, not copied)
         if hasattr(params, "load_mtp"):
             params.load_mtp = True
         self.use_extra_bufts, self.no_host = use_extra_bufts, no_host
@@ -380,7 +382,6 @@ class Context(_Owner):
         self._batch = Batch(n_batch)
         self._row_type = ctypes.c_float * self.n_vocab
         self._ext = None  # a llama_batch_ext, made on first use (process)
-        self.is_mtp = mtp_of is not None
         model._contexts.append(self)
 
     @property
@@ -466,21 +467,19 @@ class Context(_Owner):
     def keep_hidden(self, masked: bool) -> None:
         """Keep the hidden state the nextn layers read (llama_set_embeddings_nextn, llama-ext.h:96): for
         every batch row (`masked` False, a target's) or the output rows (True, an MTP context's)."""
-        from replay.runtime.staging import staging
         staging().set_embeddings_nextn(self.ptr, True, masked)
 
     def hidden_rows(self, n: int) -> np.ndarray:
         """A copy of the hidden-state rows of the last batch's `n` entries (unmasked: by batch index),
         [n, n_embd_out] float32 (llama_get_embeddings_nextn)."""
-        from replay.runtime.staging import staging
         ptr = staging().get_embeddings_nextn(self.ptr)
         if not ptr:
             raise DecodeError(-1, "libllama kept no hidden states (llama_get_embeddings_nextn)")
         return np.ctypeslib.as_array(ptr, shape=(n, self.model.n_embd_out)).copy()
 
     def hidden_row(self, i: int) -> np.ndarray:
-        """A copy of the hidden state of output row `i` of the last batch (llama_get_embeddings_nextn_ith)."""
-        from replay.runtime.staging import staging
+        """A copy of the hidden state of batch entry `i` of the last batch, which libllama maps to its
+        output row in a masked context (llama_get_embeddings_nextn_ith)."""
         ptr = staging().get_embeddings_nextn_ith(self.ptr, i)
         if not ptr:
             raise DecodeError(-1, f"libllama kept no hidden state for output row {i}")
@@ -488,7 +487,6 @@ class Context(_Owner):
 
     def nextn_layer(self, offset: int) -> None:
         """Which nextn layer an MTP context's graph runs (llama_set_nextn_layer_offset, llama-ext.h:101)."""
-        from replay.runtime.staging import staging
         staging().set_nextn_layer_offset(self.ptr, offset)
 
     def single_row_threads(self, n: int) -> None:

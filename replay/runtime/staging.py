@@ -10,7 +10,7 @@ one built with other compilers' mangling) is a BindingError naming it, never a c
                                                the hidden state before the nextn layer, kept for every
                                                batch row (unmasked) or for the output rows (masked)
     get_embeddings_nextn(ctx) -> float*        llama-ext.h:119; row k = batch entry k (unmasked)
-    get_embeddings_nextn_ith(ctx, i) -> float* llama-ext.h:122; output row i (masked)
+    get_embeddings_nextn_ith(ctx, i) -> float* llama-ext.h:122; batch entry i (its output row, masked)
     set_nextn_layer_offset(ctx, i)             llama-ext.h:101; which of several nextn layers an MTP
                                                context's graph runs (chained heads)
     get_ctx_other(ctx) -> ctx*                 llama-ext.h:131

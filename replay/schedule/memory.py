@@ -207,8 +207,13 @@ class SlotMemory:
         else:  # rebuild those cells by evaluating the kept prefix on its own, as a prompt
             self.reset()
             if keep:
+                # the MTP heads' carry stays what the previous request left: the server ran no catch-up
+                # on tokens it took from its cache
+                carry = (self.mtp.pending_h, self.mtp.verify_h) if self.mtp is not None else None
                 self.prefill(prompt[:keep], spans=MessageSpans(tuple(p for p in spans.user_starts if p < keep)),
                              output_last=False)
+                if carry is not None:
+                    self.mtp.pending_h, self.mtp.verify_h = carry
         self.prefill(prompt, keep, spans=spans)
 
     def prefill(self, prompt: Sequence[int], n_past: int = 0, *, spans: MessageSpans = NO_SPANS,

@@ -53,7 +53,8 @@ def _mtp_costs(target: Model, slot: SlotConfig, sizes: Iterable[int], depth: int
     """The MTP heads' decode costs (loop/draft_mtp.py): the slot's MTP context, filled to `depth` by the
     heads' catch-up on the target's batches, then a batch of each size with hidden rows, its last row out
     (a draft step; a catch-up batch has none, at about the same cost); and the draft chain's sampling."""
-    from replay.loop.draft_mtp import DRAFT_TOP_K as MTP_TOP_K, MtpHeads, backend_top_k
+    from replay.loop.draft_mtp import DRAFT_TOP_K as MTP_TOP_K, MtpHeads, backend_top_k, check_mtp
+    check_mtp(target)
     memory = slot.open(target, None, draft_types, mtp=True)
     heads = MtpHeads(memory.ctx, memory.draft, suppress_tokens=False)
     try:
@@ -73,7 +74,8 @@ def _mtp_costs(target: Model, slot: SlotConfig, sizes: Iterable[int], depth: int
             out[b] = _median_ms(once, reps)
         dctx.process([token], depth, rows[:1], [True])
         logits = backend_top_k(dctx.logits(0), MTP_TOP_K)
-        chain = SamplerChain(target, SamplingParams(samplers=("top_k",), top_k=MTP_TOP_K, seed=LLAMA_DEFAULT_SEED))
+        chain = SamplerChain(target, SamplingParams(samplers=("top_k",), top_k=MTP_TOP_K, seed=LLAMA_DEFAULT_SEED),
+                             suppress_tokens=False)
         try:
             return out, _median_ms(lambda: chain.apply(logits), reps)
         finally:

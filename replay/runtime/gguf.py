@@ -9,6 +9,7 @@ that with the file size. Gemma 3's 262k-token vocabulary is skipped in ~0.1 s.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import struct
 from pathlib import Path
@@ -132,9 +133,16 @@ def data_end(buf) -> int:
 
 
 def tensor_names(path: Path | str) -> frozenset[str]:
-    """The names of a (checked: check_gguf) GGUF file's tensors, read from its header alone."""
+    """The names of a (checked: check_gguf) GGUF file's tensors, read from its header alone, once per
+    file version and process."""
     p = check_gguf(path)
-    with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    st = p.stat()
+    return _tensor_names(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _tensor_names(path: str, size: int, mtime_ns: int) -> frozenset[str]:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         r, n_tensors, _ = _header(mm)
         return frozenset(name.decode("utf-8", "replace") for name, *_ in _tensor_infos(r, n_tensors))
 

@@ -413,14 +413,7 @@ class Context(_Owner):
         if rc != 0:
             self.kv_tokens = []  # unknown state: the next user starts from scratch
             raise DecodeError(rc)
-        self.n_decodes += 1
-        self.n_rows += len(tokens)
-        self.batches[len(tokens)] += 1
-        if seq_id == 0:
-            if pos0 <= len(self.kv_tokens):
-                self.kv_tokens[pos0:] = tokens
-            else:
-                self.kv_tokens = []
+        self._decoded(tokens, pos0, seq_id)
 
     def process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray, outputs: Sequence[bool]) -> None:
         """Decode one batch in which each token carries a hidden-state row (`hidden`, [len(tokens),
@@ -456,13 +449,18 @@ class Context(_Owner):
         if rc != 0:
             self.kv_tokens = []
             raise DecodeError(rc)
+        self._decoded(tokens, pos0, 0)
+
+    def _decoded(self, tokens: Sequence[int], pos0: int, seq_id: int) -> None:
+        """Count a decode that succeeded and follow sequence 0's tokens in the KV."""
         self.n_decodes += 1
-        self.n_rows += n
-        self.batches[n] += 1
-        if pos0 <= len(self.kv_tokens):
-            self.kv_tokens[pos0:] = tokens
-        else:
-            self.kv_tokens = []
+        self.n_rows += len(tokens)
+        self.batches[len(tokens)] += 1
+        if seq_id == 0:
+            if pos0 <= len(self.kv_tokens):
+                self.kv_tokens[pos0:] = tokens
+            else:
+                self.kv_tokens = []
 
     def keep_hidden(self, masked: bool) -> None:
         """Keep the hidden state the nextn layers read (llama_set_embeddings_nextn, llama-ext.h:96): for

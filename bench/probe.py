@@ -6,10 +6,13 @@ times, each in a fresh process, with a kernel cache of the run's own:
 
     recover --server-cpu V        the kernels given: no probe (the recover itself)
     recover, caches off           every candidate probed (variants x repack), nothing kept or learnt
-    recover, first transcript     every candidate probed, the model's kernel classes learnt and kept
-    recover, second transcript    one probe per class
+    recover, first transcript     the model's kernel classes learnt (every candidate's signature), then
+                                  the best class probed first, the others only where it leaves the entry open
+    recover, second transcript    the classes known: the same probes
 
-and prints each time and its ratio to the recover alone.
+and prints each time and its ratio to the recover alone. Then the same for a long record (a
+/completion of 48 tokens after a prompt of about 1,000 tokens, temperature 0) whose model's classes are
+known, with the probe's share of the recover and the server's own prompt + generation time for it.
 
     python3 bench/probe.py        # builds llama-server and fetches the models on first use
 """
@@ -30,6 +33,8 @@ from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.transcripts.format import dumps
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
+LONG = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
+        "in his book. ") * 46 + "The next morning"
 
 
 def _timed(*args, env: dict) -> float:
@@ -55,6 +60,13 @@ def main() -> int:
                     paths.append(tmp / f"{model.stem}-{seed}.json")
                     paths[-1].write_text(dumps(record_one(srv.url, RequestItem("/completion", body),
                                                           srv.config.flags_block())))
+                body = {"prompt": LONG, "n_predict": 48, "n_probs": 3, "temperature": 0.0}
+                long_t = record_one(srv.url, RequestItem("/completion", body), srv.config.flags_block())
+                paths.append(tmp / f"{model.stem}-long.json")
+                paths[-1].write_text(dumps(long_t))
+                timings = long_t["response"]["timings"]
+                server_s = (timings["prompt_ms"] + timings["predicted_ms"]) / 1000
+                n_prompt = timings["prompt_n"]
             env = {"SPEC_REPLAY_CACHE": str(tmp / f"cache-{model.stem}"), "SPEC_REPLAY_HEALTH_CACHE":
                    os.environ.get("SPEC_REPLAY_HEALTH_CACHE", str(Path.home() / ".cache/spec-replay/health"))}
 
@@ -65,13 +77,21 @@ def main() -> int:
             nothing_kept = recover(paths[0], SPEC_REPLAY_PROBE_CACHE="0")
             first = recover(paths[0])
             second = recover(paths[1])
-            rows.append((name, alone, nothing_kept, first, second))
+            long_alone = recover(paths[2], "--server-cpu", best)
+            long_probed = recover(paths[2])
+            rows.append((name, alone, nothing_kept, first, second, n_prompt, server_s, long_alone, long_probed))
     print(f"recover of a 40-token /completion transcript, {bins.key}, best variant here {best}, "
           f"{os.cpu_count()} cores")
     print(f"{'model':<16}{'--server-cpu':>14}{'caches off':>18}{'first transcript':>22}{'second transcript':>22}")
-    for name, alone, off, first, second in rows:
+    for name, alone, off, first, second, *_ in rows:
         print(f"{name:<16}{alone:>12.1f} s{off:>10.1f} s ({off / alone:>3.1f}x){first:>12.1f} s ({first / alone:>4.1f}x)"
               f"{second:>12.1f} s ({second / alone:>4.1f}x)")
+    print("\nrecover of a long /completion record (48 tokens, temperature 0), the model's classes known")
+    print(f"{'model':<16}{'prompt':>8}{'server':>10}{'--server-cpu':>14}{'kernels probed':>16}{'probe share':>13}"
+          f"{'probed / server':>17}")
+    for name, *_, n_prompt, server_s, la, lp in rows:
+        print(f"{name:<16}{n_prompt:>8}{server_s:>8.1f} s{la:>12.1f} s{lp:>14.1f} s{(lp - la) / lp:>12.0%}"
+              f"{lp / server_s:>16.2f}x")
     return 0
 
 

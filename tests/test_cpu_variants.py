@@ -102,13 +102,19 @@ def test_recover_finds_the_servers_kernels_and_fills_its_unspeculated_values(whi
     cpu = reps[0]["numerics"]["cpu"]
     assert cpu["how"] == "matched" and v in [cpu["variant"], *cpu["equal"]], cpu
     assert cpu["description"].startswith(f"{VARIANTS[cpu['variant']].label}, matched on the first entry of record 1")
-    # the classes without vector kernels (x64, sse42: a tenth of the speed) are probed only where the
-    # others leave the entry open: one exact class, every other probed 1e-3 nats or more off (choice.py)
+    # the best class is probed first, alone: where it reproduces the entry and no other class computes
+    # batches as it does (kernel signatures), nothing else is probed (choice.py batch_alone); else the
+    # classes without vector kernels (x64, sse42: a tenth of the speed) are probed only where the others
+    # leave the entry open: one exact class, every other probed 1e-3 nats or more off (needless_slow)
     fast = [d for label, d in cpu["probes"].items() if vectorised(label.split()[0])]
     separated = sum(d is not None and d <= 1e-6 for d in fast) == 1 and all(
         d is not None and (d <= 1e-6 or d >= 1e-3) for d in fast) and len(fast) > 1
     slow = [x for x in host_variants if not vectorised(x)]
-    assert (set(slow) <= set(cpu["unprobed"]) if separated else cpu["unprobed"] == []), cpu
+    if "computes batches as it does" in (cpu["why_unprobed"] or ""):
+        assert list(cpu["probes"]) == [cpu["variant"]] and cpu["variant"] == host_variants[0], cpu
+        assert set(host_variants) <= {cpu["variant"], *cpu["equal"], *cpu["unprobed"]}, cpu
+    else:
+        assert (set(slow) <= set(cpu["unprobed"]) if separated else cpu["unprobed"] == []), cpu
     assert which == "best" or not cpu["unprobed"], cpu  # an x64 server: no faster class matched, so x64 was probed
     assert sum(r["summary"]["counts"]["placeholder"] for r in reps) > 0, "nothing was speculated"
     assert all(r["summary"]["counts"]["mismatch"] == 0 for r in reps)

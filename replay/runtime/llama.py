@@ -184,7 +184,7 @@ class Model(_Owner):
         if getattr(self, "_spm_chars", None) is None:
             self._spm_chars = frozenset()
             self._spm_specials: tuple[str, ...] = ()
-            if int(L.llama_vocab_type(self.vocab)) == 1:  # LLAMA_VOCAB_TYPE_SPM
+            if int(L.llama_vocab_type(self.vocab)) == 1 and not self._has_byte_tokens():  # LLAMA_VOCAB_TYPE_SPM
                 texts = [(L.llama_vocab_get_text(self.vocab, t) or b"").decode("utf-8", "replace")
                          for t in range(self.n_vocab)]
                 if "<0x41>" not in texts:
@@ -196,6 +196,14 @@ class Model(_Owner):
             for sp in self._spm_specials:
                 text = text.replace(sp, "")
         return next((c for c in text.replace(" ", "\u2581") if c not in self._spm_chars), None)
+
+    def _has_byte_tokens(self) -> bool:
+        """Whether the vocabulary has the byte-fallback token <0x41>, looked for in id order up to it (real
+        SPM vocabularies hold their 256 byte tokens near the start: Llama's from id 3, Gemma 3's from 238)."""
+        for t in range(self.n_vocab):
+            if L.llama_vocab_get_text(self.vocab, t) == b"<0x41>":
+                return True
+        return False
 
     def tokenize(self, text: str | bytes, *, add_special: bool, parse_special: bool) -> list[int]:
         raw = text.encode("utf-8") if isinstance(text, str) else text

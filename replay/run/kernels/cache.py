@@ -75,6 +75,19 @@ class ProbeCache:
         if self.root is not None:
             self._write(f"class-{key}", sig)
 
+    def batch(self, key: str) -> str | None:
+        """A candidate's batch signature (runtime/signature.py Signature.batches), where it was learnt."""
+        if self.root is None:
+            return None
+        try:
+            return (self.root / f"batch-{key}").read_text().strip() or None
+        except OSError:
+            return None
+
+    def put_batch(self, key: str, sig: str) -> None:
+        if self.root is not None:
+            self._write(f"batch-{key}", sig)
+
     def _write(self, name: str, text: str) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -209,3 +209,29 @@ def needless_slow(probes: Sequence[Probe], exact: float = EXACT) -> str | None:
         return None
     return (f"{hit[0].label} reproduced record {hit[0].record + 1}'s first entry exactly, and every other class "
             f"probed is {min(p.diff for p in rest):.2g} nats or more off it")
+
+
+def batch_alone(lead: Probe, batches: str | None, others: Sequence[str | None], exact: float = EXACT) -> str | None:
+    """Why no class after `lead` (the best, probed first) need be probed, or None where they must. The
+    rule: `lead` reproduces the first entry (within `exact`), and its batch signature (`batches`:
+    runtime/signature.py, the logits of batches of 2 to 80 rows) differs from every other candidate's
+    (`others`, all known). A first entry is computed in the prompt's batches; a class that computes
+    batches otherwise computes that entry otherwise, and reproduces it to the last bit only by
+    coincidence. Classes alike on batches and apart on single-token decodes (sse42 and x64 were measured
+    equal on first entries) share a batch signature, so then they are probed and told apart by their
+    decodes. A wrong choice would still be caught: every real entry after the first is held to the full
+    tolerance on the kernels chosen.
+
+    >>> batch_alone(Probe("zen4", 0.0, record=0), "a", ["b", "c"])
+    "zen4 reproduced record 1's first entry exactly, and no other class computes batches as it does (kernel signatures)"
+    >>> batch_alone(Probe("zen4", 0.0, record=0), "a", ["b", "a"]) is None  # another computes batches alike
+    True
+    >>> batch_alone(Probe("zen4", 0.0, record=0), "a", ["b", None]) is None  # one not known
+    True
+    >>> batch_alone(Probe("zen4", 0.012, record=0), "a", ["b"]) is None  # not exact: the others are probed
+    True
+    """
+    if lead.diff is None or lead.diff > exact or batches is None or any(b is None or b == batches for b in others):
+        return None
+    return (f"{lead.label} reproduced record {lead.record + 1}'s first entry exactly, and no other class computes "
+            "batches as it does (kernel signatures)")

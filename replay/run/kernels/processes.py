@@ -26,8 +26,9 @@ from typing import Callable, Sequence
 from replay.errors import SpecReplayError
 from replay.run.kernels.cache import ProbeCache, probe_key
 from replay.run.kernels.classes import classes, learnt, representatives, signature_key, undecided
-from replay.run.kernels.choice import needless_slow
+from replay.run.kernels.choice import batch_alone, needless_slow
 from replay.run.kernels.types import DECODES, Candidate, Outcome, Probe, ProbeJob, Witnessed
+from replay.runtime.signature import Signature
 from replay.runtime.variants import vectorised
 from replay.transcripts.readers import Record
 
@@ -98,7 +99,7 @@ def _witness(r, rec: Record, k: int, repack: bool) -> Outcome:  # pragma: no cov
 
 
 def _child_signatures(job: ProbeJob, index: int, variant: str,
-                      repacks: Sequence[bool]) -> list[tuple[bool, str | None]]:  # pragma: no cover
+                      repacks: Sequence[bool]) -> list[tuple[bool, Signature | None]]:  # pragma: no cover
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on
     the context record `index` is replayed with, on this probe's share of the cores: the signature's
     context is too short for the thread-split path (fewer than 512 KV cells), so no thread count changes
@@ -117,7 +118,7 @@ def _child_signatures(job: ProbeJob, index: int, variant: str,
         cfg = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
     except SpecReplayError:
         return [(r, None) for r in repacks]
-    out: list[tuple[bool, str | None]] = []
+    out: list[tuple[bool, Signature | None]] = []
     took_extra: bool | None = None
     for repack in sorted(repacks, reverse=True):  # with repack first: its load says whether it changed anything
         if not repack and took_extra is False and out and out[0][1]:
@@ -226,7 +227,7 @@ class _Prober:
                             progress(c.label, probe)
         return [probes[c] for c in cands], seen
 
-    def signatures(self, groups: Sequence[Sequence[Candidate]]) -> dict[Candidate, str | None]:
+    def signatures(self, groups: Sequence[Sequence[Candidate]]) -> dict[Candidate, Signature | None]:
         """The kernel signatures of the members of `groups` (a process per variant, in waves)."""
         members = [c for g in groups for c in g]
         variants = list(dict.fromkeys(c.variant for c in members))
@@ -273,7 +274,8 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
     probes, seen = prober.witness(cands, {}, progress)
     if cache is not None and len(indices) == 1:  # every candidate computed the same witness: comparable
         alike = undecided(seen)
-        for c, sig in learnt(seen, prober.signatures(alike) if alike else {}).items():
+        sigs = prober.signatures(alike) if alike else {}
+        for c, sig in learnt(seen, {c: s.whole if s else None for c, s in sigs.items()}).items():
             cache.put_class(prober.class_key(c), sig)
     return fold_twins(probes, seen)
 
@@ -281,19 +283,36 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
 def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
                    progress: Callable[[str, Probe], None] | None, until_exact: float | None) -> list[Probe] | None:
     """One probe per class, on the first entry alone, best first; the one-token decodes after it only
-    where two classes reproduce it exactly and must be told apart (choice.py). The classes with vector
-    kernels first; those without (x64, sse42: a tenth of the speed) are learnt and probed only where
-    the others leave the entry open (choice.py needless_slow), else stand as one skipped Probe naming
-    them all. None where no signature of the vector candidates could be computed (the caller probes
-    every candidate)."""
+    where two classes reproduce it exactly and must be told apart (choice.py).
+
+    The best class is probed first, alone, on every core: where it reproduces the entry exactly and no
+    other class computes batches as it does (choice.py batch_alone, from the kernel signatures of every
+    candidate), nothing else is probed, and the others stand as one skipped Probe naming them all.
+    Otherwise the other classes with vector kernels are probed; those without (x64, sse42: a tenth of
+    the speed) only where the others leave the entry open (choice.py needless_slow). None where no
+    signature of the vector candidates could be computed (the caller probes every candidate)."""
     fast = [c for c in cands if vectorised(c.variant)]
     slow = [c for c in cands if not vectorised(c.variant)]
     got: dict[Candidate, Probe] = {}
     if fast:
-        part = _by_class(prober, fast, cache, progress)
-        if part is None:
+        grouped = _grouped(prober, fast, cache, learn=cands)
+        if grouped is None:
             return None
-        got.update(part)
+        reps = representatives(grouped)
+        same = {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)}
+        got[reps[0]] = prober.witness(reps[:1], same, progress, decodes=0)[0][0]
+        rest = reps[1:] + slow
+        others = [c for c in fast + slow if c != reps[0] and c.label not in same[reps[0]]]
+        why = batch_alone(got[reps[0]], cache.batch(prober.class_key(reps[0])),
+                          [cache.batch(prober.class_key(c)) for c in others],
+                          until_exact) if rest and until_exact is not None else None
+        if why:
+            names = [x for c in rest for x in (c.label, *same.get(c, ()))]
+            got[rest[0]] = Probe(rest[0].variant, None, record=got[reps[0]].record, repack=rest[0].repack,
+                                 same=tuple(dict.fromkeys(n for n in names if n != rest[0].label)), skipped=why)
+            return list(got.values())
+        if reps[1:]:
+            got.update(zip(reps[1:], prober.witness(reps[1:], same, progress, decodes=0)[0]))
     why = needless_slow(list(got.values()), until_exact) if until_exact is not None and fast and slow else None
     if why:
         first = next(p.record for p in got.values() if p.diff is not None and p.diff <= until_exact)
@@ -309,11 +328,25 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
     return list(got.values())
 
 
+def _grouped(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
+             learn: Sequence[Candidate] = ()) -> list[list[Candidate]] | None:
+    """`cands`' classes, known, else learnt from the kernel signatures of `cands` and of `learn` with them
+    (their batch signatures kept for batch_alone); None where no signature of `cands` could be computed."""
+    known = classes(cands, lambda c: cache.klass(prober.class_key(c)))
+    if known is not None:
+        return known
+    groups = _learn_classes(prober, list(dict.fromkeys([*cands, *learn])), cache)
+    mine = set(cands)
+    if groups is None or not any(cache.klass(prober.class_key(c)) for c in mine):
+        return None
+    return [kept for g in groups if (kept := [c for c in g if c in mine])]
+
+
 def _by_class(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
               progress: Callable[[str, Probe], None] | None) -> dict[Candidate, Probe] | None:
     """{class representative: its probe of the first entry alone} over `cands`' classes (known, else learnt
     from their kernel signatures first); None where no signature could be computed."""
-    grouped = classes(cands, lambda c: cache.klass(prober.class_key(c))) or _learn_classes(prober, cands, cache)
+    grouped = _grouped(prober, cands, cache)
     if grouped is None:
         return None
     reps = representatives(grouped)
@@ -323,17 +356,18 @@ def _by_class(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
 
 def _learn_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache) -> list[list[Candidate]] | None:
     """This model's classes, learnt before any witness: every candidate's kernel signature (a fixed run of
-    170 tokens, runtime/signature.py), kept in `cache`, so that a transcript's prompt, however long, is
-    evaluated once per class instead of once per candidate. A candidate whose signature could not be
-    computed (its process died, its variant did not load) is a class of its own, not kept: its probe says
-    why. None when no signature could be computed."""
+    170 tokens, runtime/signature.py), kept in `cache` with its batch signature, so that a transcript's
+    prompt, however long, is evaluated once per class instead of once per candidate. A candidate whose
+    signature could not be computed (its process died, its variant did not load) is a class of its own,
+    not kept: its probe says why. None when no signature could be computed."""
     sigs = prober.signatures([cands])
     known = [c for c in cands if sigs.get(c)]
     if not known:
         return None
     for c in known:
-        cache.put_class(prober.class_key(c), f"signature:{sigs[c]}")
-    groups = classes(known, lambda c: sigs[c]) + [[c] for c in cands if not sigs.get(c)]
+        cache.put_class(prober.class_key(c), f"signature:{sigs[c].whole}")
+        cache.put_batch(prober.class_key(c), sigs[c].batches)
+    groups = classes(known, lambda c: sigs[c].whole) + [[c] for c in cands if not sigs.get(c)]
     return sorted(groups, key=lambda g: cands.index(g[0]))
 
 

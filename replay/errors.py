@@ -160,6 +160,11 @@ class KernelsError(SpecReplayError):
     """No CPU variant here reproduces the server's first entry, and nothing said why."""
 
 
+class KernelsRetry(KernelsError):
+    """The kernels tried first (run/kernels/policy.py) do not reproduce the record's first entry: the run
+    starts again with the kernels probed (cli/recover.py); a caller that cannot shows this line."""
+
+
 class OutputExistsError(SpecReplayError):
     """The output file exists and --force was not given."""
 

@@ -127,6 +127,43 @@ def test_recover_finds_the_servers_kernels_and_fills_its_unspeculated_values(whi
           f"tokens; first-entry distances {cpu['probes']}")
 
 
+def test_one_record_tries_the_best_class_on_itself_and_probes_only_where_its_first_entry_disagrees(
+        recorded, host_variants, smollm2, b11434, tmp_path):
+    """A one-record file, the model's classes known (a first transcript learnt them): where the best
+    class's batch signature is its own, recover computes on it without a probe, and the record's first
+    entry, as it is recovered, decides; from another machine's kernels the run starts again with the
+    others probed, and the answer is the probed one (run/kernels/policy.py, cli/recover.py)."""
+    env = {"SPEC_REPLAY_PROBE_CACHE": str(tmp_path / "kernels")}
+    best, x64 = ({"src": tmp_path / f"{v}-1.json", "plain": recorded[v][1][0]} for v in (host_variants[0], "x64"))
+    for one, v in ((best, host_variants[0]), (x64, "x64")):
+        one["src"].write_text(recorded[v][0].read_text().splitlines()[0])
+    learn = tmp_path / "learn.json"
+    learn.write_text(recorded[host_variants[0]][0].read_text().splitlines()[1])
+
+    def run(src: Path) -> tuple[subprocess.CompletedProcess, Path]:
+        out = tmp_path / f"{src.stem}.fixed.json"
+        p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", src, "-m", smollm2, "-o", out, "--force",
+                            "--libllama", b11434.bin_dir], capture_output=True, text=True, timeout=900,
+                           env={**__import__("os").environ, **env})
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+        return p, out
+    first, _ = run(learn)
+    assert "tried first" not in first.stderr  # nothing known yet: the classes are learnt, the best probed
+    p, out = run(best["src"])
+    tried = [line for line in p.stderr.splitlines() if "tried first" in line]
+    if not tried:
+        pytest.skip("another class computes batches as the best does on this host: the probe runs (tested above)")
+    assert "evaluating the first entry" not in p.stderr, p.stderr  # no probe
+    worst, n = max_value_diff(json.loads(out.read_text()), best["plain"])
+    assert n >= 10 and worst <= TOL, (worst, n)
+    p, out = run(x64["src"])
+    assert f"the {host_variants[0]} kernels tried first do not reproduce record 1's first entry" in p.stderr, p.stderr
+    assert "evaluating the first entry" in p.stderr  # then probed, in a fresh process
+    worst, n = max_value_diff(json.loads(out.read_text()), x64["plain"])
+    assert n >= 10 and worst <= TOL, (worst, n)
+    print(f"\n{tried[0]}; an x64 record started again: {[x for x in p.stderr.splitlines() if 'kernels:' in x][-1]}")
+
+
 @pytest.mark.parametrize("which", default_and_wide(["best", "x64"], {"x64"}))
 def test_trace_reproduces_the_tokens_and_draft_totals_of_a_variant_server(which, recorded, host_variants, smollm2,
                                                                          smollm2_draft, b11434):

@@ -90,11 +90,16 @@ class _Tolerance(click.ParamType):
 TOLERANCE = _Tolerance()
 
 
+EVERY = 1 << 62  # _start's guess_up_to for a run of any number of records in _in_process (diff)
+
+
 def _start(transcript: str, model: str, request_file: str | None, flags: dict, *, renamed_model: bool,
            tolerance: float, no_prefix_reuse: bool, build: str | None, source: Path | None,
            server_backend: str | None, shared_batches: bool, libllama: str | None, server_cpu: str | None,
-           as_json: bool, verbose: bool):
-    """The run's front door (run/): its inputs read and checked, its engine chosen; (inputs, engine, task)."""
+           as_json: bool, verbose: bool, guess_up_to: int = 0):
+    """The run's front door (run/): its inputs read and checked, its engine chosen; (inputs, engine, task).
+    `guess_up_to`: a file of at most this many records runs in _in_process, which can start again on
+    other kernels, so the best may be tried on the run itself (run/kernels/policy.py)."""
     from replay.run.engine import choose_engine
     from replay.run.recover import RecoverTask
     from replay.runtime.llama import set_verbose
@@ -103,16 +108,39 @@ def _start(transcript: str, model: str, request_file: str | None, flags: dict, *
                              build=build_number(build), source=source, shared_batches=shared_batches,
                              renamed_model=renamed_model)
     engine = choose_engine(inputs, flags=flags, options=options, libllama=libllama, server_cpu=server_cpu,
-                           say=stderr_say(as_json))
+                           say=stderr_say(as_json), guess=len(inputs.records) <= guess_up_to)
     set_verbose(verbose)
     return inputs, engine, RecoverTask(flags, options)
 
 
-def _in_process(inputs: Inputs, engine, task) -> RecoverResult:
+def _in_process(inputs: Inputs, engine, task, started: dict) -> RecoverResult:
+    """Every record recovered in this process. Where the kernels tried first (run/kernels/policy.py) do not
+    reproduce the first entry, this process holds their ggml: the run starts again, kernels probed, in a
+    fresh process of its own (`started`: _start's arguments)."""
     from replay.cli.render import progress_bar
+    from replay.errors import KernelsRetry
     from replay.run.recover import recover_inputs
-    with progress_bar(len(inputs.records), "recovering records") as advance:
-        return recover_inputs(inputs, engine, task, progress=lambda done, total: advance(done))
+    try:
+        with progress_bar(len(inputs.records), "recovering records") as advance:
+            return recover_inputs(inputs, engine, task, progress=lambda done, total: advance(done))
+    except KernelsRetry as e:
+        if engine.tried is None:
+            raise
+        stderr_say(started["as_json"])(f"kernels: {e}", False)
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    from replay.errors import WorkerDied
+    try:
+        with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:  # its own probes run under it
+            return pool.submit(_afresh, started).result()
+    except cf.process.BrokenProcessPool:
+        raise WorkerDied("the process that started the run again (kernels probed) died; nothing written") from None
+
+
+def _afresh(started: dict) -> RecoverResult:  # pragma: no cover - in the fresh process
+    """_in_process's run again, in a fresh process, with the kernels probed (nothing tried first)."""
+    inputs, engine, task = _start(**started)
+    return _in_process(inputs, engine, task, started)
 
 
 def _show(res: RecoverResult, as_json: bool) -> None:
@@ -195,10 +223,12 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
         raise click.UsageError("give exactly one of -o/--output and --in-place")
     out = Path(transcript).resolve() if in_place else Path(output)
     outputs = Outputs(out, report_file, html_file, force, in_place, resume).check(transcript, request_file)
-    inputs, engine, task = _start(transcript, model, request_file, flags, renamed_model=renamed_model,
-                                  tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build, source=source,
-                                  server_backend=server_backend, shared_batches=shared_batches, libllama=libllama,
-                                  server_cpu=server_cpu, as_json=as_json, verbose=verbose)
+    started = dict(transcript=transcript, model=model, request_file=request_file, flags=flags,
+                   renamed_model=renamed_model, tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build,
+                   source=source, server_backend=server_backend, shared_batches=shared_batches, libllama=libllama,
+                   server_cpu=server_cpu, as_json=as_json, verbose=verbose)
+    # one record runs in this process, and may try the best kernels on itself; a JSONL goes through the journal
+    inputs, engine, task = _start(**started, guess_up_to=1)
     if len(inputs.records) > 1:
         _journaled(inputs, engine, task, outputs, as_json, workers=workers, ray_address=ray_address)
         return
@@ -206,7 +236,7 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
         click.echo("note: one record: --workers/--ray do not apply", err=True)
     if resume:
         raise click.UsageError("--resume is for multi-record (JSONL) runs; this file has one record")
-    res = _in_process(inputs, engine, task)
+    res = _in_process(inputs, engine, task, started)
     # files first, then the report on stdout (a reader that stops early, `| head`, loses nothing)
     _write(res, outputs, force)
     reason = res.failure()
@@ -247,11 +277,13 @@ def diff(transcript, model, renamed_model, request_file, report_file, tolerance,
     """
     flags = given_flags(flags)
     outputs = Outputs(None, report_file, html_file, force).check(transcript, request_file)
-    inputs, engine, task = _start(transcript, model, request_file, flags, renamed_model=renamed_model,
-                                  tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build, source=source,
-                                  server_backend=server_backend, shared_batches=shared_batches, libllama=libllama,
-                                  server_cpu=server_cpu, as_json=as_json, verbose=verbose)
-    res = _in_process(inputs, engine, task)
+    started = dict(transcript=transcript, model=model, request_file=request_file, flags=flags,
+                   renamed_model=renamed_model, tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build,
+                   source=source, server_backend=server_backend, shared_batches=shared_batches, libllama=libllama,
+                   server_cpu=server_cpu, as_json=as_json, verbose=verbose)
+    # diff runs every record in this process and writes nothing until the end
+    inputs, engine, task = _start(**started, guess_up_to=EVERY)
+    res = _in_process(inputs, engine, task, started)
     res.repaired = ""  # diff writes nothing
     _write(res, outputs, force)
     _show(res, as_json)

@@ -35,10 +35,12 @@ def _quiet(line: str, warning: bool) -> None:
 
 
 def choose_engine(inputs: Inputs, *, flags: dict, options: RecoverOptions | None = None, libllama: str | None = None,
-                  threads: int | None = None, server_cpu: str | None = None, say: Say | None = None) -> EngineChoice:
+                  threads: int | None = None, server_cpu: str | None = None, say: Say | None = None,
+                  guess: bool = False) -> EngineChoice:
     """The engine for a run over `inputs`, with the server flags given here (settings attrs) and the
     options (`build` and `source` choose the libllama; the rest how kernels are judged). `libllama`:
-    --libllama (a path, or "bundled"); `threads`: -t of every context (None: each context's own)."""
+    --libllama (a path, or "bundled"); `threads`: -t of every context (None: each context's own);
+    `guess`: the caller can start again on other kernels (run/kernels/policy.py choose_kernels)."""
     options = options or RecoverOptions()
     say = say or _quiet
     notes: list[str] = []
@@ -50,8 +52,8 @@ def choose_engine(inputs: Inputs, *, flags: dict, options: RecoverOptions | None
     loaded, _ = binding.variant_in_process()
     lib_dir = binding.chosen_dir() if loaded else _dir_of(lib)
     kernels = choose_kernels(inputs, lib_dir=lib_dir, flags=flags, options=options, server_cpu=server_cpu,
-                             say=tell)
-    return EngineChoice(lib, kernels.choice, kernels.repack, threads, kept, tuple(notes))
+                             say=tell, guess=guess and not loaded)
+    return EngineChoice(lib, kernels.choice, kernels.repack, threads, kept, tuple(notes), kernels.tried)
 
 
 def _libllama(inputs: Inputs, explicit: str | None, options: RecoverOptions,

@@ -11,14 +11,18 @@ each running this task.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from replay.commands.recover import Recovered, Recoverer, RecoverOptions, result_of
+from replay.errors import KernelsRetry
 from replay.report.recovery import RecoverResult
 from replay.run.engine import Say, choose_engine
 from replay.run.inputs import Inputs
+from replay.run.kernels.cache import default_cache
+from replay.run.kernels.choice import EXACT
+from replay.run.kernels.types import Probe
 from replay.run.task import Done, Emit, run_all
 from replay.runtime.engine import EngineChoice
 from replay.settings.server_flags import from_mapping
@@ -46,6 +50,7 @@ class RecoverSession:
 
     def __init__(self, task: RecoverTask, inputs: Inputs, engine: EngineChoice):
         engine.apply()
+        self.tried = engine.tried
         self.records = inputs.records
         self.recoverer = Recoverer(inputs.model, engine.flags(task.flags), task.options, records=self.records,
                                    kernels=engine.kernels)
@@ -54,8 +59,29 @@ class RecoverSession:
         for k in unit.records:
             emit("start", k)
             got = self.recoverer.recover(self.records[k])
+            if self.tried is not None and k == self.tried.record:
+                self._decide(got)
             if k not in unit.finished:
                 emit("done", Done(k, got))
+
+    def _decide(self, got: Recovered) -> None:
+        """The kernels tried first, judged by the record's first entry as the probe would (within EXACT):
+        confirmed, they are the run's "matched" kernels from here on (this record's report too); else
+        KernelsRetry. Either outcome is kept as the probe's, so that no later run computes it again."""
+        tried, choice = self.tried, self.recoverer.kernels
+        self.tried = None
+        first = got.report.tokens[0] if got.report.tokens else None
+        diff = max((abs(a - b) for a, b in first.real_pairs), default=None) if first is not None else None
+        if diff is not None:
+            default_cache().put(tried.key, Probe(tried.variant, diff, record=tried.record, repack=tried.repack))
+        if diff is None or diff > EXACT:
+            off = f"{diff:.3g} nats off" if diff is not None else "not compared"
+            raise KernelsRetry(f"the {choice.variant} kernels tried first do not reproduce record {tried.record + 1}'s "
+                               f"first entry ({off}): probing the others")
+        label = Probe(tried.variant, diff, repack=tried.repack).label
+        confirmed = replace(choice, how="matched", diff=diff, diffs=((label, diff),))
+        self.recoverer.kernels = confirmed
+        got.report.cpu = confirmed.to_json()
 
     def forget(self) -> None:
         self.recoverer.forget()

@@ -56,6 +56,9 @@ class KernelChoice:
             return f"{name}, matched on {where}" + (f" (as exactly: {', '.join(self.equal)}{spread})" if self.equal
                                                      else "") + (
                 f"; not probed: {', '.join(self.unprobed)} ({self.why_unprobed})" if self.unprobed else "")
+        if self.how == "tried":
+            return (f"{name}, tried first on {where}, which decides as it is recovered (not probed: "
+                    f"{', '.join(self.unprobed)})")
         if self.how == "given":
             off = f"; {self.diff:.3g} nats off {where}" if self.diff is not None else ""
             return f"{name}, given (--server-cpu){off}"
@@ -83,6 +86,18 @@ class KernelChoice:
 
 
 @dataclass(frozen=True)
+class Tried:
+    """The best class tried on the run itself (run/kernels/policy.py): record `record`'s first entry, as
+    it is recovered, confirms it (within run/kernels/choice.py EXACT) or the run starts again with the
+    kernels probed; either outcome is kept as that probe's (`key` in the probe cache)."""
+
+    key: str
+    record: int
+    variant: str
+    repack: bool
+
+
+@dataclass(frozen=True)
 class EngineChoice:
     """The libllama (`libllama`; `kept`: another was already loaded in this process and stays), the CPU
     kernels (None: the library links one CPU backend in), the repack (None: not chosen: the flags'
@@ -95,6 +110,7 @@ class EngineChoice:
     threads: int | None = None
     kept: bool = False
     notes: tuple[str, ...] = field(default=(), compare=False)
+    tried: Tried | None = None
 
     def flags(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The server flags to load and decode with: `given` (settings attrs) with the chosen repack and

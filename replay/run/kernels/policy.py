@@ -22,10 +22,10 @@ from replay.run.inputs import Inputs
 from replay.run.kernels.cache import default_cache
 from replay.run.kernels.choice import EXACT, choose_variant, records_named, witnesses
 from replay.run.kernels.classes import SIGNATURE_CONTEXT
-from replay.run.kernels.processes import probe_variants
+from replay.run.kernels.processes import Settling, best_settles, probe_variants, start_probe_server
 from replay.run.kernels.types import Candidate, Probe, ProbeJob
 from replay.runtime import binding, health
-from replay.runtime.engine import KernelChoice
+from replay.runtime.engine import KernelChoice, Tried
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
 from replay.transcripts.entries import n_prompt_cached
@@ -62,11 +62,13 @@ def repack_modes(flags: dict, records: list[Record]) -> tuple[list[bool], str]:
 
 @dataclass(frozen=True)
 class Kernels:
-    """What the policy chose: the kernels (None: the library has one CPU backend linked in) and the
-    repack to load with (None: not chosen, the flags' own)."""
+    """What the policy chose: the kernels (None: the library has one CPU backend linked in), the
+    repack to load with (None: not chosen, the flags' own) and, where the best class is tried on the
+    run itself (`guess`), what its first entry decides (runtime/engine.py Tried)."""
 
     choice: KernelChoice | None
     repack: bool | None
+    tried: Tried | None = None
 
 
 def _verdicts(bin_dir: Path, names: list[str], say: Say) -> dict[str, health.Health]:
@@ -77,13 +79,18 @@ def _verdicts(bin_dir: Path, names: list[str], say: Say) -> dict[str, health.Hea
 
 
 def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options: RecoverOptions,
-                   server_cpu: str | None, say: Say) -> Kernels:
+                   server_cpu: str | None, say: Say, guess: bool = False) -> Kernels:
     """The CPU variant (and repack) to replay on from the release-style libllama in `lib_dir`. Probing
     evaluates the first real entry under each candidate and keeps the exact one, told apart from
     others equal to it by their one-token decodes (choice.py). A transcript that shows batches shared
     with other requests (several slots, --shared-batches) is probed on several records' first entries;
     with none exact its kernels are "unknown" and the best candidate is used. Otherwise nothing exact is
-    a KernelsError, unless --server-backend allows the nearest."""
+    a KernelsError, unless --server-backend allows the nearest.
+
+    `guess` (a caller that can start again on other kernels: cli/recover.py, one record): where the
+    kernel signatures alone say the best class's probe would settle it (processes.py best_settles), the
+    run itself is that probe: it computes on the best class, and its first entry, as it is recovered,
+    confirms the choice or sends the caller back here (`Kernels.tried`)."""
     records = inputs.records
     present = variants_in(lib_dir) if lib_dir else []
     modes, modes_from = repack_modes(flags, records)
@@ -126,11 +133,40 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
             modes_from = "default"
     elif not candidates:
         raise KernelsError(f"none of the CPU variants in {lib_dir} runs on this host: " + "; ".join(crashes))
+    elif guess and (tried := _tried(ProbeJob(inputs, flags, options, lib_dir), candidates, crashes)) is not None:
+        choice, settling = tried
+        say(f"kernels: {VARIANTS[choice.variant].label if choice.variant in VARIANTS else choice.variant}"
+            f"{'' if choice.repack else ' --no-repack'}, tried first: {settling.why.split(', and ', 1)[1]}; "
+            f"record {choice.record + 1}'s first entry decides as it is recovered")
+        return Kernels(choice, choice.repack, Tried(settling.key, choice.record, settling.lead.variant,
+                                                    settling.lead.repack))
     else:
         choice = _probed(ProbeJob(inputs, flags, options, lib_dir), candidates, beyond=beyond, crashes=crashes,
                          say=say)
     say(f"kernels: {choice.describe()}" + (f" (repack: {modes_from})" if modes_from != "probed" else ""))
     return Kernels(choice, choice.repack)
+
+
+def _tried(job: ProbeJob, candidates: list[Candidate], crashes: tuple[str, ...]
+           ) -> tuple[KernelChoice, Settling] | None:
+    """The best class as a "tried" choice, where its probe alone would settle the kernels on the one
+    witness of a transcript that shows no shared batches (processes.py best_settles); the probes' server
+    started before this process loads it (the run may need the others probed after all). None otherwise."""
+    records, options = job.inputs.records, job.options
+    if shared_evidence(records, job.flags, options.shared_batches):
+        return None
+    ks = witnesses(records)
+    if len(ks) != 1:
+        return None
+    rec = records[ks[0]]
+    ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
+    settling = best_settles(candidates, job, ks[0], default_cache(), {a: getattr(ctx, a) for a in SIGNATURE_CONTEXT})
+    if settling is None:
+        return None
+    start_probe_server()
+    lead = settling.lead
+    return KernelChoice(lead.variant, "tried", record=ks[0], equal=settling.same, repack=lead.repack,
+                        crashes=crashes, unprobed=settling.others, why_unprobed=settling.why), settling
 
 
 def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], crashes: tuple[str, ...],

@@ -19,14 +19,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from replay.errors import SpecReplayError
 from replay.run.kernels.cache import ProbeCache, probe_key
 from replay.run.kernels.classes import classes, learnt, representatives, signature_key, undecided
-from replay.run.kernels.choice import batch_alone, needless_slow
+from replay.run.kernels.choice import EXACT, batch_alone, needless_slow
 from replay.run.kernels.types import DECODES, Candidate, Outcome, Probe, ProbeJob, Witnessed
 from replay.runtime.signature import Signature
 from replay.runtime.variants import vectorised
@@ -144,6 +144,14 @@ def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["replay.commands.recover", "replay.run.kernels.processes"])
     return ctx
+
+
+def start_probe_server() -> None:
+    """Start the probes' server now, while this process has loaded no libllama (what it forks from holds
+    no ggml), for a run that loads one before it may need probes (policy.py: the best class tried)."""
+    _context()
+    from multiprocessing import forkserver
+    forkserver.ensure_running()
 
 
 def _in_child(libllama: Path | None, variant: str, share: int | None, fn: Callable, args: tuple,
@@ -326,6 +334,41 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
         again, _ = prober.witness(exact, {c: got[c].same for c in exact}, None)
         got.update(zip(exact, again))
     return list(got.values())
+
+
+@dataclass(frozen=True)
+class Settling:
+    """The best class, where the kernel signatures alone say its probe would settle the first entry:
+    `lead` (its probe's `key` in the cache), the members of its class (`same`), every other candidate
+    (`others`) and why they need no probe if it reproduces the entry (choice.py batch_alone)."""
+
+    lead: Candidate
+    key: str
+    same: tuple[str, ...]
+    others: tuple[str, ...]
+    why: str
+
+
+def best_settles(candidates: Sequence[Candidate], job: ProbeJob, index: int, cache: ProbeCache,
+                 context: dict) -> Settling | None:
+    """The best class's Settling, where record `index`'s first entry alone would settle the kernels on it:
+    every candidate's class and batch signature known (cache), the best's batch signature its class's
+    own, and no probe of it on this transcript kept (a kept one settles it at no cost). None otherwise."""
+    if cache.root is None or not candidates:
+        return None
+    prober = _Prober(job, [index], until_exact=EXACT, cache=cache, context=context)
+    grouped = classes(list(candidates), lambda c: cache.klass(prober.class_key(c)))
+    if grouped is None:
+        return None
+    lead = representatives(grouped)[0]
+    same = tuple(c.label for c in grouped[0] if c != lead)
+    rest = [c for g in grouped[1:] for c in g]
+    why = batch_alone(Probe(lead.variant, 0.0, record=index, repack=lead.repack),
+                      cache.batch(prober.class_key(lead)), [cache.batch(prober.class_key(c)) for c in rest])
+    key = probe_key(job, [index], lead, until_exact=EXACT, decodes=0)
+    if why is None or cache.get(key) is not None:
+        return None
+    return Settling(lead, key, same, tuple(c.label for c in rest), why)
 
 
 def _grouped(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,

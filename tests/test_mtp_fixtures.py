@@ -1,10 +1,11 @@
-"""The MTP fixtures (fixtures/make_tiny_mtp.py): tiny hy_v3 targets with one and two nextn layers, which
+"""The MTP fixtures (fixtures/make_tiny_mtp.py): tiny hy_v3 targets with one and two nextn layers and a
+tiny qwen35 (hybrid: gated delta-net and attention layers) with one, which
 the real b11434 llama-server loads and speculates with under `--spec-type draft-mtp` (its MTP draft
 context, common/speculative.cpp:1390-1828), accepting some drafts and rejecting others.
 
 Measured here (b11434, one slot, temperature 0, 48 tokens each of "hello world the", "abcabc", "The
 quick brown fox", "Once upon a time"): the F32 one-head target drafted 84, 107, 54 and 48 tokens and
-accepted 18, 10, 28 and 30.
+accepted 18, 10, 28 and 30; the F32 qwen35 drafted 38, 37, 45 and 42 and accepted 34, 34, 31 and 32.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from replay.llamacpp.process import ServerConfig
 from replay.paths import FIXTURES
 
 PROMPTS = ("hello world the", "abcabc", "The quick brown fox", "Once upon a time")
-FILES = ("tiny-hyv3-mtp1.gguf", "tiny-hyv3-mtp2.gguf", "tiny-hyv3-q8_0-mtp1.gguf", "tiny-hyv3-q8_0-mtp2.gguf")
+FILES = ("tiny-hyv3-mtp1.gguf", "tiny-hyv3-mtp2.gguf", "tiny-hyv3-q8_0-mtp1.gguf", "tiny-hyv3-q8_0-mtp2.gguf",
+         "tiny-qwen35-mtp1.gguf", "tiny-qwen35-q8_0-mtp1.gguf")
 
 
 def test_the_mtp_fixtures_regenerate_byte_for_byte():

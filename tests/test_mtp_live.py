@@ -2,8 +2,11 @@
 draft totals, recover equal to the patched server's values (loop/draft_mtp.py).
 
 The targets are fixtures/make_tiny_mtp.py's tiny hy_v3 models with one nextn layer (the single-head
-drafter) and two (chained heads), F32 and Q8_0. Each server answers four /completion requests in turn on
-one slot, so the MTP context's carry (pending_h, never reset) runs across requests as the server's does.
+drafter) and two (chained heads), F32 and Q8_0, and its tiny qwen35 (hybrid: gated delta-net and
+attention layers), whose memory an MTP server gives recurrent-state snapshots (n_rs_seq =
+--spec-draft-n-max: settings/config.py rollback_snapshots), which change its ubatch split and its
+rollback. Each server answers four /completion requests in turn on one slot, so the MTP context's carry
+(pending_h, never reset) runs across requests as the server's does.
 """
 from __future__ import annotations
 
@@ -46,7 +49,10 @@ CASES = {  # id: (fixture, temperature, server flags)
     "two-heads-q8_0-t1": ("tiny-hyv3-q8_0-mtp2.gguf", 1.0, {}),
     "one-head-q8_0-t1-probabilistic": ("tiny-hyv3-q8_0-mtp1.gguf", 1.0, {"draft_sampling": "probabilistic"}),
     "two-heads-f32-t1-probabilistic": ("tiny-hyv3-mtp2.gguf", 1.0, {"draft_sampling": "probabilistic"}),
+    "hybrid-qwen35-f32-t0": ("tiny-qwen35-mtp1.gguf", 0.0, {}),
+    "hybrid-qwen35-q8_0-t1": ("tiny-qwen35-q8_0-mtp1.gguf", 1.0, {}),
 }
+QWEN35 = "tiny-qwen35-q8_0-mtp1.gguf"
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -72,10 +78,10 @@ def test_trace_drafts_and_verifies_as_a_real_mtp_server(case, b11434, server_cpu
 
 
 @pytest.mark.parametrize("n_parallel", [1, -1], ids=["one-slot", "default-4-slots"])
-def test_recovered_values_are_the_patched_mtp_servers(n_parallel, b11434, patched, server_cpu, tmp_path):
+@pytest.mark.parametrize("name", ["tiny-hyv3-q8_0-mtp1.gguf", QWEN35], ids=["hy_v3", "hybrid-qwen35"])
+def test_recovered_values_are_the_patched_mtp_servers(name, n_parallel, b11434, patched, server_cpu, tmp_path):
     """recover fills every placeholder of an MTP server's transcript with what the same build, patched
     by `spec-replay patch`, reports: bit for bit."""
-    name = "tiny-hyv3-q8_0-mtp1.gguf"
     cfg = ServerConfig(FIXTURES / name, n_ctx=256, n_parallel=n_parallel, spec_types=("draft-mtp",))
     plain, truth = _record(b11434.server, cfg, 1.0), _record(patched.server, cfg, 1.0)
     src, out = _write(plain, tmp_path / "mtp.jsonl"), tmp_path / "mtp.repaired.jsonl"
@@ -113,3 +119,53 @@ def test_tune_sweeps_an_mtp_servers_draft_depth_and_times_its_heads(b11434, serv
     r = run("tune", src, "-m", FIXTURES / name, "--vary", "--spec-draft-n-max=1,3", "--measure", *server_cpu)
     assert r.exit_code == 0, r.output[-1500:]
     assert "speed model: measured on this host" in r.output
+
+
+def _prompt_of(url: str, n: int) -> str:
+    """A prompt of exactly `n` tokens on the server's own tokenizer."""
+    import urllib.request
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())
+    ids = post("/tokenize", {"content": "the quick brown fox jumps over a lazy dog and then " * 40})["tokens"]
+    text = post("/detokenize", {"tokens": ids[:n]})["content"]
+    assert len(post("/tokenize", {"content": text})["tokens"]) == n
+    return text
+
+
+@pytest.mark.parametrize("n_prompt", [133, 134])
+def test_a_hybrid_targets_snapshots_are_the_servers(n_prompt, b11434, patched, server_cpu, tmp_path, monkeypatch):
+    """qwen35 on `-np 1 -ub 64`, a prompt of 133 and of 134 tokens, temperature 1: the MTP server makes its
+    target context with n_rs_seq = --spec-draft-n-max (3), which keeps the last 4 tokens of a batch in one
+    ubatch (the prompt's first 65-token cut goes 61 + 4 on 133 tokens) and lets the target drop up to 3
+    rejected drafts without a checkpoint. recover equals the patched server bit for bit; with the snapshots
+    left out (the target then a memory that cannot drop a suffix, checkpointed and split as without MTP)
+    its values part from the server's, which is what this test would catch."""
+    import replay.schedule.memory as memory
+    cfg = ServerConfig(FIXTURES / QWEN35, n_ctx=256, n_parallel=1, n_ubatch=64, spec_types=("draft-mtp",))
+    item = None
+    out = {}
+    for binary, tag in ((b11434.server, "plain"), (patched.server, "patched")):
+        with LlamaServer(cfg, binary=binary) as srv:
+            if item is None:
+                item = RequestItem("/completion", {"prompt": _prompt_of(srv.url, n_prompt), "n_predict": 40,
+                                                   "n_probs": 2, "temperature": 1.0, "seed": 3})
+            out[tag] = record_one(srv.url, item, srv.config.flags_block())
+    assert out["plain"]["response"]["timings"]["prompt_n"] == n_prompt
+    src = _write([out["plain"]], tmp_path / "q35.jsonl")
+    truth = record_entries(read_text(json.dumps(out["patched"]), "patched")[0])
+
+    def worst(path) -> float:
+        got = record_entries(read_text(path.read_text(), "repaired")[0])
+        assert [e.id for e in got] == [e.id for e in truth]
+        return max(abs(x.logprob - y.logprob) for x, y in zip(got, truth))
+    r = run("recover", src, "-m", FIXTURES / QWEN35, "-o", tmp_path / "fixed.jsonl", "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    assert worst(tmp_path / "fixed.jsonl") == 0.0
+    monkeypatch.setattr(memory, "rollback_snapshots", lambda spec: 0)
+    r = run("recover", src, "-m", FIXTURES / QWEN35, "-o", tmp_path / "without.jsonl", "--json", *server_cpu)
+    without = worst(tmp_path / "without.jsonl")
+    print(f"\n{n_prompt} tokens: recover equal to the patched server; without the snapshots {without:.3g} nats off")
+    assert without > 5e-4, without

@@ -343,7 +343,7 @@ class Recoverer:
         """The truth of every generated token: the prompt in the server's batches on what the slot kept
         (the prefix), then one decode per token (evaluation/walk.py)."""
         rec, prompt = read.rec, list(read.prompt)
-        cfg = SlotConfig.of(read.context, rec.flags, read.shape.build)
+        cfg = SlotConfig.of(read.context, rec.flags, read.shape.build, read.spec)
         slot = self.context(cfg)
         ctx = slot.ctx
         spans = message_spans(rec, self.model, prompt) if slot.rules.user_breaks else NO_SPANS
@@ -392,7 +392,7 @@ class Recoverer:
         (the one-token evaluation then runs, and keeps it), or None where it was not tried."""
         if self.options.only_entries or not all(isinstance(item, Known) for item in read.plan):
             return None
-        cfg = SlotConfig.of(read.context, read.rec.flags, read.shape.build)
+        cfg = SlotConfig.of(read.context, read.rec.flags, read.shape.build, read.spec)
         slot = self.context(cfg)
         kinds = tuple(self._scored(read.rec, read))
         approx, _ = self._approximate(read, cfg, slot, kinds)

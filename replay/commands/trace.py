@@ -151,7 +151,7 @@ def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None 
     request = Request(read.prompt, settings, spec, settings.params.n_probs or 5,
                       message_spans(rec, target, list(read.prompt)) if spans is None else spans, read.cached,
                       expect=expect)
-    res = run_loop(target, request, SlotConfig.of(read.context, rec.flags, read.shape.build), shape=read.shape,
+    res = run_loop(target, request, SlotConfig.of(read.context, rec.flags, read.shape.build, read.spec), shape=read.shape,
                    draft_model=draft_model, recorded=read.plan, timings=read.draft_totals, slot_state=slot_state,
                    stream=rec.stream)
     res.notes += list(settings.notes)
@@ -184,5 +184,5 @@ def trace_prompt(target: Model, prompt: str, *, flags: dict | None = None, build
     draft_model = (drafts or Drafts()).get(spec.draft_model) if drafts_with_model(spec, shape.era) else None
     settings = effective("/completion", {"prompt": prompt, "n_probs": 5},
                          server_sampling(flags=flags, model_meta=target.meta))
-    return run_loop(target, Request(tuple(ids), settings, spec, 5, expect=expect), SlotConfig.of(ctx, None, shape.build),
+    return run_loop(target, Request(tuple(ids), settings, spec, 5, expect=expect), SlotConfig.of(ctx, None, shape.build, spec),
                     shape=shape, draft_model=draft_model)

@@ -189,7 +189,7 @@ def measure_here(prepared: Sequence[Prepared], runs: Sequence[SettingRun], targe
     d_sizes = {b for run in runs for r in run.records for b in r.work.draft_batches}
     depth = round(sum(len(p.read.prompt) + len(r.emitted) / 2 for p, r in zip(prepared, runs[0].records))
                   / len(prepared))
-    slot = SlotConfig.of(first.context, prepared[0].rec.flags, first.shape.build)
+    slot = SlotConfig.of(first.context, prepared[0].rec.flags, first.shape.build, spec)
     return measure(target, draft, slot, first.settings.params, target_sizes=sorted(t_sizes),
                    draft_sizes=sorted(d_sizes), depth=depth, tokens=list(first.prompt),
                    draft_types=(spec.draft_cache_type_k, spec.draft_cache_type_v),

@@ -246,15 +246,14 @@ class SpeculativeLoop:
         self.memory, self.continued = state.memory_for(
             key, lambda: slot_config.open(target, draft_model, draft_types, draft_threads, mtp=mtp))
         self.ctx = self.memory.ctx
-        if mtp and not self.memory.target_removes:
-            raise TranscriptError("--spec-type draft-mtp on a target whose memory cannot drop a suffix (recurrent or "
-                                  "hybrid, e.g. qwen35) is not replayed yet: the server then keeps the last "
-                                  "--spec-draft-n-max + 1 tokens of a batch together (n_rs_seq, common/common.h:399-405)")
         if mtp and self.memory.mtp is None:
             self.memory.mtp = MtpHeads(self.ctx, self.memory.draft, suppress_tokens=era.suppress_tokens)
         # recurrent and hybrid targets cannot drop rejected drafts: the server checkpoints them
-        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380)
+        # ("speculative decoding will use checkpoints", server-context.cpp:1373-1380); with recurrent-state
+        # snapshots (n_rs_seq > 0: MTP and the other hidden-state drafters on qwen35 and its kin) they drop up
+        # to n_rs_seq, and only a longer rollback needs the checkpoint (RS: :3281-3284, 4276-4278)
         self.ckpt_tgt = not self.memory.target_removes
+        self.n_rs_seq = self.ctx.n_rs_seq
         self.ckpt_dft = self.memory.draft is not None and not self.memory.draft_removes
         self.draft_ctx = (DraftContext(draft_model, self.memory.draft, era, params.temp, params.seed, state)
                           if draft_model is not None else None)
@@ -363,14 +362,15 @@ class SpeculativeLoop:
             draft, drafter, q = pending.ids, pending.drafter, None
         else:
             draft, drafter, q = self.draft_step(pos0)
-        before = SamplerState(self.chain.snapshot(), copy.deepcopy(self.rng)) if self.ckpt_tgt and draft else None
+        before = SamplerState(self.chain.snapshot(), copy.deepcopy(self.rng)) \
+            if self.checkpoint.target is not None and draft else None
         self.decode([sampled] + draft, pos0)
         accept_p = self.acceptance(draft, q) if self.expect and draft and pending is None else None
         rule, v = self.verify(draft, q, replay=pending is not None)
         step = Step(index=index, pos0=pos0, sampled=sampled, rule=rule, drafter=drafter.name if drafter else None,
                     draft=list(draft), draft_q=_q_of(draft, q), target_p=v.target_p, uniforms=v.uniforms,
                     accept_p=accept_p, accepted=len(v.ids) - 1, resampled=v.resampled, bonus=v.bonus)
-        if before is not None and len(v.ids) < len(draft) + 1:
+        if before is not None and self.rolls_back(len(draft) + 1 - len(v.ids)):
             self.restore(pos0, before)
             self.pending = PendingReplay(list(v.ids), drafter)
             return replace(step, rule=rule + ", checkpoint restored")
@@ -397,8 +397,16 @@ class SpeculativeLoop:
         dft_state = self.memory.draft.save_partial() if self.memory.draft is not None and self.ckpt_dft else None
         draft, drafter, q = self.draft_tokens(pos0, dft_state)
         self.n_draft += len(draft)
-        self.checkpoint = SpecCheckpoint(self.ctx.save_partial() if self.ckpt_tgt and draft else None, dft_state)
+        self.checkpoint = SpecCheckpoint(self.ctx.save_partial() if self.rolls_back(len(draft)) else None, dft_state)
         return draft, drafter, q
+
+    def rolls_back(self, n: int) -> bool:
+        """Whether taking back `n` tokens of the target needs the checkpoint: any on a memory that cannot drop
+        a suffix (FULL), more than n_rs_seq on one with snapshots (RS), none otherwise (PART) (server-context.cpp:
+        3281-3284 with n the draft's length when it is taken, 4276-4278 with n the rollback)."""
+        if n <= 0:
+            return False
+        return self.ckpt_tgt or (self.n_rs_seq > 0 and n > self.n_rs_seq)
 
     def verify(self, draft: list[int], q: list | None, *, replay: bool) -> tuple[str, Verified]:
         """The rule a step verifies by, and what it kept: rejection when the drafter kept q, else

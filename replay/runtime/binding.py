@@ -66,7 +66,7 @@ FUNCTIONS = (
 MTP_FUNCTIONS = (
     "llama_batch_ext_init", "llama_batch_ext_free", "llama_batch_ext_clear", "llama_batch_ext_add_token",
     "llama_batch_ext_set_pos", "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits",
-    "llama_process", "llama_model_n_layer_nextn", "llama_model_n_embd_out",
+    "llama_process", "llama_model_n_layer_nextn", "llama_model_n_embd_out", "llama_n_rs_seq",
 )
 
 

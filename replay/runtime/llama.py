@@ -345,7 +345,7 @@ class Context(_Owner):
     def __init__(self, model: Model, *, n_ctx: int = 2048, n_batch: int = 2048, n_ubatch: int = 512,
                  n_threads: int = 2, n_threads_batch: int | None = None, flash_attn: str = "auto", type_k: str = "f16", type_v: str = "f16",
                  swa_full: bool = False, n_seq_max: int = 1, kv_unified: bool = False, mtp_of: "Context | None" = None,
-                 n_outputs_max: int = 0):
+                 n_outputs_max: int = 0, n_rs_seq: int = 0):
         self.model = model
         self.n_decodes = 0  # llama_decode calls that succeeded, and the batch rows they decoded
         self.n_rows = 0
@@ -371,6 +371,10 @@ class Context(_Owner):
         p.no_perf = True
         if n_outputs_max:
             p.n_outputs_max = n_outputs_max
+        # recurrent-state snapshots per sequence (settings/config.py rollback_snapshots); libllama clamps the
+        # request to 0 on architectures that do not roll back that way, so `self.n_rs_seq` is read back
+        # (asked only of a build with MTP: its llama_n_rs_seq)
+        p.n_rs_seq = n_rs_seq
         if mtp_of is not None:
             # an MTP draft context over the target context `mtp_of` (common/speculative.cpp:2603-2617):
             # ctx_type MTP, n_rs_seq 0, one output row per sequence
@@ -383,6 +387,7 @@ class Context(_Owner):
             raise ModelError(f"libllama could not create a context (n_ctx={n_ctx}) for {model.path}")
         self._ptr = ptr
         self.n_ctx = min(n_ctx, int(L.llama_n_ctx(ptr)))  # libllama may round up; the limit is what was asked
+        self.n_rs_seq = int(L.llama_n_rs_seq(ptr)) if n_rs_seq > 0 else 0
         self.n_batch = n_batch
         self.n_ubatch = int(L.llama_n_ubatch(ptr))
         self.n_vocab = model.n_vocab
@@ -544,8 +549,11 @@ class Context(_Owner):
 
     def removes_suffixes(self) -> bool:
         """Can this context's memory drop a sequence's last positions? common_context_can_seq_rm
-        (common/common.cpp:1549-1590): decode two tokens, try to remove the second, clear. False for
-        recurrent and hybrid models (the server then verifies drafts from checkpoints)."""
+        (common/common.cpp:1549-1590): with recurrent-state snapshots (n_rs_seq > 0), up to that many, and
+        nothing is probed (RS); else decode two tokens, try to remove the second, clear. False for
+        recurrent and hybrid models without snapshots (the server then verifies drafts from checkpoints)."""
+        if self.n_rs_seq > 0:
+            return True
         self.clear()
         self.decode([0, 0], 0, [False, True])
         ok = bool(L.llama_memory_seq_rm(L.llama_get_memory(self.ptr), 0, 1, -1))

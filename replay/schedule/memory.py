@@ -22,7 +22,7 @@ from replay.errors import ModelError, TranscriptError
 from replay.runtime.llama import Context, Model
 from replay.schedule.prefix import Prefix
 from replay.schedule.prompt import NO_SPANS, CheckpointRules, MessageSpans, PromptBatch, next_batch, with_checkpoint
-from replay.settings.config import context_size, host_cores, kv_layout, thread_count
+from replay.settings.config import context_size, host_cores, kv_layout, rollback_snapshots, thread_count
 
 
 @dataclass
@@ -38,15 +38,17 @@ class Checkpoint:
 
 
 def checkpoint_rules(model: Model, removes_suffixes: bool, *, n_ctx_checkpoints: int = 32,
-                     min_step: int | None = None, swa_full: bool = False, build: int | None = None) -> CheckpointRules:
+                     min_step: int | None = None, swa_full: bool = False, build: int | None = None,
+                     bounded: bool = False) -> CheckpointRules:
     """Does the server checkpoint this target (server-context.cpp:3708-3721)? When --ctx-checkpoints > 0
     and its memory cannot drop a suffix (recurrent or hybrid: common_context_can_seq_rm gives FULL, which
-    Context.removes_suffixes() tells) or it has sliding-window layers without --swa-full
-    (n_swa = llama_model_n_swa unless swa_full, :1337). `build` picks the rules of that build
-    (builds.py; None: the newest); `min_step` None is that build's default."""
+    Context.removes_suffixes() tells), drops one only up to a bound (`bounded`: recurrent-state snapshots,
+    RS) or it has sliding-window layers without --swa-full (n_swa = llama_model_n_swa unless swa_full,
+    :1337). `build` picks the rules of that build (builds.py; None: the newest); `min_step` None is that
+    build's default."""
     swa = 0 if swa_full else model.n_swa
     rules = rules_of_build(build)
-    enabled = n_ctx_checkpoints > 0 and (swa > 0 or not removes_suffixes)
+    enabled = n_ctx_checkpoints > 0 and (swa > 0 or not removes_suffixes or bounded)
     return CheckpointRules(enabled, n_ctx_checkpoints=n_ctx_checkpoints,
                            min_step=rules.min_step if min_step is None else min_step, build=rules)
 
@@ -84,26 +86,31 @@ class SlotConfig:
     min_step: int | None  # --checkpoint-min-step when given, else None: the build's default
     rules: BuildRules
     build: int | None = field(default=None, compare=False)  # for reports; `rules` is what decides
+    n_rs_seq: int = 0  # the target's recurrent-state snapshots asked for (settings/config.py rollback_snapshots)
 
     @staticmethod
-    def of(cfg: Any, recorded: Mapping[str, Any] | None = None, build: int | None = None) -> "SlotConfig":
-        """From a ContextConfig, the transcript's server flags and the server's build number (None: unknown)."""
+    def of(cfg: Any, recorded: Mapping[str, Any] | None = None, build: int | None = None,
+           spec: Any | None = None) -> "SlotConfig":
+        """From a ContextConfig, the transcript's server flags, the server's build number (None: unknown)
+        and its speculative settings (SpecConfig: the snapshots its drafters ask of the target)."""
         n_ctx = context_size(cfg)
         n_seq_max, unified = kv_layout(cfg, recorded)
         return SlotConfig(n_ctx, min(cfg.n_batch, n_ctx), cfg.n_ubatch, thread_count(cfg), cfg.flash_attn,
                           cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full, n_seq_max, unified, cfg.n_ctx_checkpoints,
-                          min_step_given(cfg), rules_of_build(build), build)
+                          min_step_given(cfg), rules_of_build(build), build, rollback_snapshots(spec))
 
     def context(self, model: Model, type_k: str | None = None, type_v: str | None = None,
-                threads: int | None = None) -> Context:
-        """A context for `model` made as the server makes the slot's; the draft model's takes its own KV
-        types (-ctkd/-ctvd) and threads (-td, where given: common_base_params_to_speculative,
+                threads: int | None = None, *, target: bool = False) -> Context:
+        """A context for `model` made as the server makes the slot's: the `target`'s with the snapshots its
+        drafters ask for (the draft model's never: common/common.cpp:1251), the draft model's with its own
+        KV types (-ctkd/-ctvd) and threads (-td, where given: common_base_params_to_speculative,
         common/speculative.cpp:2527-2560)."""
         return Context(model, n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
                        n_threads=threads or self.threads,
                        n_threads_batch=host_cores(),
                        flash_attn=self.flash_attn, type_k=type_k or self.type_k, type_v=type_v or self.type_v,
-                       swa_full=self.swa_full, n_seq_max=self.n_seq_max, kv_unified=self.kv_unified)
+                       swa_full=self.swa_full, n_seq_max=self.n_seq_max, kv_unified=self.kv_unified,
+                       n_rs_seq=self.n_rs_seq if target else 0)
 
     def open(self, target: Model, draft: Model | None = None,
              draft_types: tuple[str, str] = ("f16", "f16"), draft_threads: int | None = None, *,
@@ -111,7 +118,7 @@ class SlotConfig:
         """A fresh slot: the target's context (and the draft model's, on `draft_threads`: None, the
         target's; or, `mtp`, the target's MTP context), with the checkpoint rules of the target's memory.
         The slot owns its contexts (SlotMemory.close)."""
-        ctx = self.context(target)
+        ctx = self.context(target, target=True)
         removes = ctx.removes_suffixes()
         if mtp:
             # made from the target model on the target's settings, the draft KV types (-ctkd/-ctvd) and the
@@ -126,7 +133,8 @@ class SlotConfig:
         else:
             dctx = self.context(draft, *draft_types, threads=draft_threads) if draft is not None else None
         rules = checkpoint_rules(target, removes, n_ctx_checkpoints=self.n_ctx_checkpoints,
-                                 min_step=self.min_step, swa_full=self.swa_full, build=self.build)
+                                 min_step=self.min_step, swa_full=self.swa_full, build=self.build,
+                                 bounded=ctx.n_rs_seq > 0)
         return SlotMemory(ctx, rules, n_swa=0 if self.swa_full else target.n_swa, draft=dctx,
                           removes=(removes, dctx is None or mtp or dctx.removes_suffixes()))
 

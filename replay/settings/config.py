@@ -122,6 +122,27 @@ def longest_draft(spec: Any) -> int:
     return max([max(0, limits.get(t, 0)) for t in spec.spec_types or ()], default=0)
 
 
+HIDDEN_STATE_DRAFTERS = ("draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark")
+
+
+def rollback_snapshots(spec: Any | None) -> int:
+    """The recurrent-state snapshots per sequence the server asks of its target context: --spec-draft-n-max
+    where a drafter that reads the target's hidden states is on, else 0 (need_n_rs_seq, common/common.h:
+    399-405, set at common/common.cpp:1693). libllama keeps them only on architectures that roll back
+    that way (llm_arch_supports_rs_rollback, src/llama-context.cpp:107-112: qwen35 and others), where they
+    keep the last n + 1 tokens of a batch in one ubatch (src/llama-memory-hybrid.cpp:83-89) and make a
+    suffix of up to n tokens removable (common_context_can_seq_rm: RS, common/common.cpp:1555-1558).
+
+        >>> rollback_snapshots(SpecConfig(spec_types=("draft-mtp",), draft_n_max=4)), rollback_snapshots(SpecConfig())
+        (4, 0)
+        >>> rollback_snapshots(SpecConfig(spec_types=("draft-simple",), draft_n_max=4)), rollback_snapshots(None)
+        (0, 0)
+    """
+    if spec is None or not any(t in HIDDEN_STATE_DRAFTERS for t in spec.spec_types or ()):
+        return 0
+    return max(0, spec.draft_n_max)
+
+
 def draft_thread_count(spec: Any) -> int | None:
     """The draft context's thread count: --spec-draft-threads (-td) where given, else None (the target's
     -t: postprocess_cpu_params, common/arg.cpp:889, applied at common/speculative.cpp:2553-2556). A count of 0

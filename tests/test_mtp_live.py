@@ -97,13 +97,14 @@ def test_recovered_values_are_the_patched_mtp_servers(name, n_parallel, b11434, 
         assert worst == 0.0, worst
 
 
-def test_tune_sweeps_an_mtp_servers_draft_depth_and_times_its_heads(b11434, server_cpu, tmp_path):
+@pytest.mark.parametrize("name", ["tiny-hyv3-q8_0-mtp1.gguf", QWEN35], ids=["hy_v3", "hybrid-qwen35"])
+def test_tune_sweeps_an_mtp_servers_draft_depth_and_times_its_heads(name, b11434, server_cpu, tmp_path):
     """tune on MTP traffic: the transcript's own setting reproduces it (tokens and draft totals), every
     --spec-draft-n-max and -p-min emits the recorded tokens at temperature 0 with the verifier's expected
     acceptance equal to the count, fewer drafts per step draft less, and --measure times the heads on an
-    MTP context of this host (tuning/measure.py)."""
+    MTP context of this host (tuning/measure.py); on the hybrid target each setting's own snapshots
+    (n_rs_seq = its n-max), and its verify batches timed from a checkpoint where they outgrow them."""
     from replay.run.tune import tune
-    name = "tiny-hyv3-q8_0-mtp1.gguf"
     cfg = ServerConfig(FIXTURES / name, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",))
     src = _write(_record(b11434.server, cfg, 0.0), tmp_path / "mtp.jsonl")
     cpu = server_cpu[1] if server_cpu else None
@@ -118,7 +119,7 @@ def test_tune_sweeps_an_mtp_servers_draft_depth_and_times_its_heads(b11434, serv
     assert drafted[1] < drafted[2] < drafted[3], drafted
     r = run("tune", src, "-m", FIXTURES / name, "--vary", "--spec-draft-n-max=1,3", "--measure", *server_cpu)
     assert r.exit_code == 0, r.output[-1500:]
-    assert "speed model: measured on this host" in r.output
+    assert "speed model: measured on this host" in r.output and "ranked by predicted tok/s" in r.output
 
 
 def _prompt_of(url: str, n: int) -> str:

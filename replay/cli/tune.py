@@ -175,7 +175,10 @@ def show(runs, table, notes: list[str], samples: int) -> None:
                "acceptance by position"] + (["predicted tok/s", "speed-up"] if table is not None else [])
     click.echo(tabulate(rows, headers=headers))
     if table is not None:
-        click.echo(f"speed model: {table.source}; speed-up is against the same tokens without speculation")
+        click.echo(f"speed model: {table.source}; speed-up is against the same tokens without speculation; "
+                   "ranked by predicted tok/s")
+    else:
+        click.echo("ranked by target decodes per token (no speed model: give --measure)")
     if samples > 1:
         click.echo(f"acceptance{', predicted tok/s and speed-up' if table is not None else ''}: the mean over "
                    f"{samples} passes{' [95% interval]' if samples >= 5 else ''}; tokens, drafted, accepted and "
@@ -184,8 +187,6 @@ def show(runs, table, notes: list[str], samples: int) -> None:
         if unpriced:
             click.echo(f"note: no prediction for {', '.join(unpriced)}: the timings fit saw no draft-model decodes to "
                        "price theirs (--measure times them)")
-    else:
-        click.echo("ranked by target decodes per token (no speed model: give --measure)")
     for n in notes:
         click.echo(f"note: {n}")
     base = runs[0].records

@@ -87,16 +87,29 @@ def _mtp_costs(target: Model, slot: SlotConfig, sizes: Iterable[int], depth: int
 
 def _decode_costs(ctx: Context, sizes: Iterable[int], depth: int, token: int, *, all_rows: bool,
                   reps: int) -> dict[int, float]:
+    """The median time of a decode of each size at `depth`, undone after each. A memory with recurrent-state
+    snapshots (n_rs_seq > 0) drops at most that many rows: a longer batch is undone from a checkpoint of its
+    state at `depth` (as the server's would be), whose restore's own median time is taken off."""
     out = {}
+    saved = ctx.save_partial() if ctx.n_rs_seq > 0 else None
+    restore_ms = None
     for b in sorted(set(sizes)):
         if b <= 0 or depth + b > ctx.n_ctx:
             continue
         outs = [True] * b if all_rows else [False] * (b - 1) + [True]
+        bounded = saved is not None and b > ctx.n_rs_seq
+
+        def undo(bounded: bool = bounded) -> None:
+            if bounded:
+                ctx.load_partial(saved)
+            ctx.seq_rm(0, depth, -1)
 
         def once() -> None:
             ctx.decode([token] * b, depth, outs)
-            ctx.seq_rm(0, depth, -1)
-        out[b] = _median_ms(once, reps)
+            undo()
+        if bounded and restore_ms is None:
+            restore_ms = _median_ms(lambda: undo(True), reps)
+        out[b] = max(0.0, _median_ms(once, reps) - (restore_ms if bounded else 0.0))
     return out
 
 
@@ -107,11 +120,12 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
     """The cost table (module docstring): decodes of each size in `target_sizes` / `draft_sizes` at KV depth
     `depth` (filled with `tokens`; less where the context cannot hold it, and the source says so), the target
     chain built from `params` (one request's: tune passes the first record's, and its slot) and the draft
-    chain. A target that cannot drop a suffix (recurrent, hybrid) is refused: ModelError."""
+    chain. A target that cannot drop a suffix (recurrent, hybrid, unless an MTP server gave it snapshots)
+    is refused: ModelError."""
     wanted = depth
     depth = max(1, min(depth, slot.n_ctx - max([*target_sizes, *draft_sizes, 1]) - 1))
     token = tokens[-1] if tokens else 0
-    ctx = slot.context(target)
+    ctx = slot.context(target, target=True)
     try:
         if not ctx.removes_suffixes():
             raise ModelError(f"{target.path.name} keeps a recurrent state that cannot drop the rows a timing "

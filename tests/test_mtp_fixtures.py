@@ -1,5 +1,6 @@
 """The MTP fixtures (fixtures/make_tiny_mtp.py): tiny hy_v3 targets with one and two nextn layers and a
-tiny qwen35 (hybrid: gated delta-net and attention layers) with one, which
+tiny qwen35 (hybrid: gated delta-net and attention layers) and a tiny glm4moe (an MoE nextn layer)
+with one, which
 the real b11434 llama-server loads and speculates with under `--spec-type draft-mtp` (its MTP draft
 context, common/speculative.cpp:1390-1828), accepting some drafts and rejecting others.
 
@@ -20,7 +21,7 @@ from replay.paths import FIXTURES
 
 PROMPTS = ("hello world the", "abcabc", "The quick brown fox", "Once upon a time")
 FILES = ("tiny-hyv3-mtp1.gguf", "tiny-hyv3-mtp2.gguf", "tiny-hyv3-q8_0-mtp1.gguf", "tiny-hyv3-q8_0-mtp2.gguf",
-         "tiny-qwen35-mtp1.gguf", "tiny-qwen35-q8_0-mtp1.gguf")
+         "tiny-qwen35-mtp1.gguf", "tiny-qwen35-q8_0-mtp1.gguf", "tiny-glm4moe-mtp1.gguf", "tiny-glm4moe-q8_0-mtp1.gguf")
 
 
 def test_the_mtp_fixtures_regenerate_byte_for_byte():
@@ -40,7 +41,8 @@ def test_a_real_mtp_server_drafts_with_the_fixtures_heads_and_accepts_some(name,
     drafted = accepted = placeholders = 0
     for prompt in PROMPTS:
         t = record_one(srv.url, RequestItem("/completion", {"prompt": prompt, "n_predict": 48, "n_probs": 2,
-                                                            "temperature": 0.0, "cache_prompt": False}),
+                                                            "temperature": 0.0, "cache_prompt": False,
+                                                            "ignore_eos": True}),
                        srv.config.flags_block())
         timings = t["response"]["timings"]
         drafted, accepted = drafted + timings["draft_n"], accepted + timings["draft_n_accepted"]

@@ -28,7 +28,8 @@ PROMPTS = ("hello world the", "abcabc", "The quick brown fox", "Once upon a time
 
 
 def _items(temp: float) -> list[RequestItem]:
-    return [RequestItem("/completion", {"prompt": p, "n_predict": 48, "n_probs": 2, "temperature": temp, "seed": 3})
+    return [RequestItem("/completion", {"prompt": p, "n_predict": 48, "n_probs": 2, "temperature": temp, "seed": 3,
+                                        "ignore_eos": True})
             for p in PROMPTS]
 
 
@@ -51,6 +52,7 @@ CASES = {  # id: (fixture, temperature, server flags)
     "two-heads-f32-t1-probabilistic": ("tiny-hyv3-mtp2.gguf", 1.0, {"draft_sampling": "probabilistic"}),
     "hybrid-qwen35-f32-t0": ("tiny-qwen35-mtp1.gguf", 0.0, {}),
     "hybrid-qwen35-q8_0-t1": ("tiny-qwen35-q8_0-mtp1.gguf", 1.0, {}),
+    "moe-glm4moe-q8_0-t0": ("tiny-glm4moe-q8_0-mtp1.gguf", 0.0, {}),
 }
 QWEN35 = "tiny-qwen35-q8_0-mtp1.gguf"
 
@@ -170,3 +172,33 @@ def test_a_hybrid_targets_snapshots_are_the_servers(n_prompt, b11434, patched, s
     without = worst(tmp_path / "without.jsonl")
     print(f"\n{n_prompt} tokens: recover equal to the patched server; without the snapshots {without:.3g} nats off")
     assert without > 5e-4, without
+
+
+def test_the_first_entry_of_a_target_that_runs_its_last_layer_on_every_row_for_mtp(b11434, monkeypatch):
+    """glm4moe with MTP on keeps every row's hidden state for the heads (llama_set_embeddings_nextn
+    unmasked, common/speculative.cpp:1478), and then runs its last trunk layer on every row of a batch
+    instead of the output rows (glm4-moe.cpp:368): the prompt's last logits are computed in other shapes.
+    The first entries (the prompt batch's, one-token schedule: what the kernel probe evaluates) equal the
+    server's bit for bit with the target context made so (schedule/memory.py SlotConfig.nextn), and part
+    from them without it (2.4e-7 on these F32 widths; more on real ones)."""
+    import dataclasses
+
+    import replay.schedule.memory as memory
+    from replay.commands.recover import Recoverer, RecoverOptions
+    name = "tiny-glm4moe-mtp1.gguf"
+    cfg = ServerConfig(FIXTURES / name, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",))
+    records = [read_text(json.dumps(t), "mtp")[0] for t in _record(b11434.server, cfg, 0.0)]
+
+    def first_entries() -> list[float]:
+        r = Recoverer(FIXTURES / name, {}, RecoverOptions(only_entries=1))
+        try:
+            return [max(abs(a - b) for a, b in r.recover(rec).report.tokens[0].real_pairs) for rec in records]
+        finally:
+            r.close()
+    assert first_entries() == [0.0] * len(records)
+    opened = memory.SlotConfig.open
+    monkeypatch.setattr(memory.SlotConfig, "open", lambda self, *a, **k: opened(dataclasses.replace(self, nextn=False),
+                                                                                 *a, **k))
+    without = first_entries()
+    print(f"\nfirst entries without the hidden states kept: {without}")
+    assert max(without) > 0.0, without

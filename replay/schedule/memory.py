@@ -87,6 +87,10 @@ class SlotConfig:
     rules: BuildRules
     build: int | None = field(default=None, compare=False)  # for reports; `rules` is what decides
     n_rs_seq: int = 0  # the target's recurrent-state snapshots asked for (settings/config.py rollback_snapshots)
+    # MTP heads draft: the server's target keeps every row's hidden state for them (llama_set_embeddings_nextn,
+    # unmasked: common/speculative.cpp:1478), which on some architectures runs the last layer on every row of
+    # a batch instead of its output rows (e.g. glm4-moe.cpp:368, deepseek2.cpp:637): the first entry too
+    nextn: bool = False
 
     @staticmethod
     def of(cfg: Any, recorded: Mapping[str, Any] | None = None, build: int | None = None,
@@ -97,7 +101,8 @@ class SlotConfig:
         n_seq_max, unified = kv_layout(cfg, recorded)
         return SlotConfig(n_ctx, min(cfg.n_batch, n_ctx), cfg.n_ubatch, thread_count(cfg), cfg.flash_attn,
                           cfg.cache_type_k, cfg.cache_type_v, cfg.swa_full, n_seq_max, unified, cfg.n_ctx_checkpoints,
-                          min_step_given(cfg), rules_of_build(build), build, rollback_snapshots(spec))
+                          min_step_given(cfg), rules_of_build(build), build, rollback_snapshots(spec),
+                          spec is not None and "draft-mtp" in (spec.spec_types or ()))
 
     def context(self, model: Model, type_k: str | None = None, type_v: str | None = None,
                 threads: int | None = None, *, target: bool = False) -> Context:
@@ -119,6 +124,8 @@ class SlotConfig:
         target's; or, `mtp`, the target's MTP context), with the checkpoint rules of the target's memory.
         The slot owns its contexts (SlotMemory.close)."""
         ctx = self.context(target, target=True)
+        if self.nextn and target.n_layer_nextn > 0:
+            ctx.keep_hidden(masked=False)
         removes = ctx.removes_suffixes()
         if mtp:
             # made from the target model on the target's settings, the draft KV types (-ctkd/-ctvd) and the

@@ -202,3 +202,41 @@ def test_the_first_entry_of_a_target_that_runs_its_last_layer_on_every_row_for_m
     without = first_entries()
     print(f"\nfirst entries without the hidden states kept: {without}")
     assert max(without) > 0.0, without
+
+
+@pytest.mark.parametrize("name", ["tiny-hyv3-q8_0-mtp1.gguf", QWEN35], ids=["hy_v3", "hybrid-qwen35"])
+def test_a_session_on_the_prompt_cache(name, b11434, patched, server_cpu, tmp_path):
+    """Three requests, each prompt the last one's prompt, its reply and a new turn, sent with
+    cache_prompt: the server takes the earlier turns from its cache (the MTP context's KV kept with
+    them, the heads' carry across requests). trace reproduces every token and the draft totals, and
+    recover equals the patched server bit for bit; on the hybrid target (which checkpoints) that needs
+    the loop from the first record on, since each next record starts from the state its verify steps
+    left (commands/recover.py approximate_from `continued`)."""
+    cfg = ServerConfig(FIXTURES / name, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",))
+
+    def session(binary) -> list[dict]:
+        out, prompt = [], "hello world the"
+        with LlamaServer(cfg, binary=binary) as srv:
+            for turn in (" abc", " The quick brown fox", " Once upon"):
+                t = record_one(srv.url, RequestItem("/completion", {
+                    "prompt": prompt, "n_predict": 32, "n_probs": 2, "temperature": 1.0, "seed": 5,
+                    "cache_prompt": True, "ignore_eos": True}), srv.config.flags_block())
+                out.append(t)
+                prompt += t["response"]["content"] + turn
+        return out
+    plain, truth = session(b11434.server), session(patched.server)
+    assert [t["response"]["timings"]["cache_n"] > 0 for t in plain] == [False, True, True]
+    src = _write(plain, tmp_path / "session.jsonl")
+    r = run("trace", src, "-m", FIXTURES / name, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    for t in json.loads(r.stdout)["records"]:
+        assert t["reproduced"] and (t["draft_n"], t["draft_n_accepted"]) == (t["server_draft_n"],
+                                                                            t["server_draft_n_accepted"]), t
+    out = tmp_path / "session.fixed.jsonl"
+    r = run("recover", src, "-m", FIXTURES / name, "-o", out, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    for line, want in zip(out.read_text().splitlines(), truth):
+        a = record_entries(read_text(line, "repaired")[0])
+        b = record_entries(read_text(json.dumps(want), "patched")[0])
+        assert [e.id for e in a] == [e.id for e in b]
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0

@@ -45,7 +45,7 @@ from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv
 from replay.settings import BY_ATTR, longest_draft
 from replay.settings.config import GIVEN_HERE
 from replay.tokens.prompt_ids import message_spans
-from replay.transcripts.entries import drafted, n_generated
+from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
 from replay.transcripts.plan import Gap, Known, entry_at
 from replay.transcripts.readers import Record, shared_evidence
 
@@ -122,6 +122,7 @@ class Recoverer:
         # why each record's batches may have been shared, judged over the whole file (records that ran
         # at the same time show each other): transcripts/readers.py shared_evidence
         self.shared = shared_evidence(records, self.flags, self.options.shared_batches)
+        self._records = list(records)
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,
                                                                   **model_params(self.flags))
@@ -415,15 +416,25 @@ class Recoverer:
             out["candidates"] = list(self._threads_found or ())
         return {"rows": row_counts(list(kinds), len(read.prompt)), "threads": out}
 
-    @staticmethod
-    def _approximate(read: ReadRecord, cfg: SlotConfig, slot: SlotMemory,
+    def _approximate(self, read: ReadRecord, cfg: SlotConfig, slot: SlotMemory,
                      kinds: Sequence[str | None]) -> tuple[int | None, str]:
         """approximate_from for this record on this slot: its decode kinds, the slot's checkpoints, -fa,
-        and whether the server's drafts can make a tiled verify batch."""
+        whether the server's drafts can make a tiled verify batch, and whether the next record continues
+        this one's reply from the server's cache."""
         return approximate_from(kinds, len(read.prompt), checkpoints=slot.rules.enabled,
                                 flash_attn_off=cfg.flash_attn == "off",
                                 tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k, cfg.type_v,
-                                                   cfg.n_ubatch))
+                                                   cfg.n_ubatch),
+                                continued=self._continued(read))
+
+    def _continued(self, read: ReadRecord) -> bool:
+        """Whether the record after this one in the file took more of its prompt from the server's cache
+        than this record's prompt: tokens this record generated, in the KV its verify batches wrote."""
+        at = next((k for k, r in enumerate(self._records) if r is read.rec), None)
+        if at is None or at + 1 >= len(self._records):
+            return False
+        kept = n_prompt_cached(self._records[at + 1].final())
+        return kept is not None and kept > len(read.prompt)
 
     def _looped(self, read: ReadRecord) -> "LoopHeld | str":
         """The server's loop replayed (commands/looped.py) for this record, where the replay emitted the
@@ -501,7 +512,7 @@ def result_of(records: list[Record], done: list[Recovered], original: str) -> Re
 
 
 def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,
-                     flash_attn_off: bool, tiled: bool = False) -> tuple[int | None, str]:
+                     flash_attn_off: bool, tiled: bool = False, continued: bool = False) -> tuple[int | None, str]:
     """The first token whose values this replay cannot compute in the decodes the server computed them in,
     and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py).
 
@@ -510,8 +521,13 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
     batch scored: the batch's attention matmuls take another path for several rows than for one. The same
     where a verify batch can have 64 rows or more (`tiled`: schedule/rows.py tiled_verify): its attention is
     computed tile by tile, and how many rows a batch had (rejected drafts included) the transcript does not show.
+    A checkpointing target whose next record continues this one's reply from the server's cache
+    (`continued`), from the first token a verify batch scored: that record starts from the state and the
+    checkpoints the server's verify steps left, which one-row decodes do not rebuild.
 
     >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=False, flash_attn_off=False, tiled=True)[0]
+    2
+    >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=True, flash_attn_off=False, continued=True)[0]
     2
 
     >>> approximate_from([None, ALONE, BATCHED, BATCHED], 300, checkpoints=False, flash_attn_off=True)[0]
@@ -539,4 +555,9 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
         k = next(k for k in range(1, len(kinds)) if kinds[k] == BATCHED)
         return k, ("this server drafts up to 63 tokens or more, and a verify batch of 64 rows or more computes its "
                    "attention tile by tile (ggml-cpu ops.cpp:9545-9566), which one-row decodes do not reproduce")
+    if checkpoints and continued:
+        k = next(k for k in range(1, len(kinds)) if kinds[k] == BATCHED)
+        return k, ("the next record continues this reply from the server's cache, and this target (which "
+                   "checkpoints) left it the state and checkpoints of its verify steps, which one-row decodes do not "
+                   "rebuild")
     return None, ""

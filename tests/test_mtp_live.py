@@ -38,6 +38,11 @@ def _record(binary, cfg: ServerConfig, temp: float) -> list[dict]:
         return [record_one(srv.url, it, srv.config.flags_block()) for it in _items(temp)]
 
 
+def _record_one(binary, cfg: ServerConfig, item: RequestItem) -> dict:
+    with LlamaServer(cfg, binary=binary) as srv:
+        return record_one(srv.url, item, srv.config.flags_block())
+
+
 def _write(records: list[dict], path):
     path.write_text("".join(dumps(t, indent=None) + "\n" for t in records))
     return path
@@ -240,3 +245,40 @@ def test_a_session_on_the_prompt_cache(name, b11434, patched, server_cpu, tmp_pa
         b = record_entries(read_text(json.dumps(want), "patched")[0])
         assert [e.id for e in a] == [e.id for e in b]
         assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0
+
+
+SHAPES = {  # id: (server flags, request)
+    "chat": ({}, RequestItem("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hello world the quick brown fox"}], "max_tokens": 40,
+        "logprobs": True, "top_logprobs": 2, "temperature": 1.0, "seed": 4})),
+    "draft-n-max-16": ({"draft_n_max": 16}, RequestItem("/completion", {
+        "prompt": "the quick brown fox jumps over a lazy dog and then ", "n_predict": 40, "n_probs": 2,
+        "temperature": 1.0, "seed": 4, "ignore_eos": True})),
+    "1000-token-prompt": ({"n_ctx": 1400}, RequestItem("/completion", {
+        "prompt": "the quick brown fox jumps over a lazy dog and then " * 23, "n_predict": 40, "n_probs": 2,
+        "temperature": 1.0, "seed": 4, "ignore_eos": True})),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_chat_deep_drafts_and_a_long_prompt_on_a_hybrid_mtp_target(shape, b11434, patched, server_cpu, tmp_path):
+    """qwen35 (snapshots = --spec-draft-n-max): a chat completion, 16 drafts a step (16 snapshots), and a
+    prompt past 1,000 tokens (past 256 positions, where a one-token decode's thread split starts): trace
+    reproduces the tokens and draft totals, recover equals the patched server bit for bit."""
+    flags, item = SHAPES[shape]
+    cfg = ServerConfig(FIXTURES / QWEN35, **{"n_ctx": 256, "n_parallel": 1, "spec_types": ("draft-mtp",), **flags})
+    plain, truth = _record_one(b11434.server, cfg, item), _record_one(patched.server, cfg, item)
+    if shape == "1000-token-prompt":
+        assert plain["response"]["timings"]["prompt_n"] > 1000
+    src = _write([plain], tmp_path / "one.jsonl")
+    r = run("trace", src, "-m", FIXTURES / QWEN35, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    t = json.loads(r.stdout)  # one record: the trace itself
+    assert t["reproduced"] and (t["draft_n"], t["draft_n_accepted"]) == (t["server_draft_n"],
+                                                                        t["server_draft_n_accepted"]), t
+    out = tmp_path / "one.fixed.jsonl"
+    r = run("recover", src, "-m", FIXTURES / QWEN35, "-o", out, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    a = record_entries(read_text(out.read_text(), "repaired")[0])
+    b = record_entries(read_text(json.dumps(truth), "patched")[0])
+    assert [e.id for e in a] == [e.id for e in b] and max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0

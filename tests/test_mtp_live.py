@@ -282,3 +282,27 @@ def test_chat_deep_drafts_and_a_long_prompt_on_a_hybrid_mtp_target(shape, b11434
     a = record_entries(read_text(out.read_text(), "repaired")[0])
     b = record_entries(read_text(json.dumps(truth), "patched")[0])
     assert [e.id for e in a] == [e.id for e in b] and max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0
+
+
+def test_a_hybrid_mtp_target_quantized_by_llama_quantize(b11434, patched, server_cpu, tmp_path):
+    """The qwen35 fixture quantized to Q4_0 by the build's own llama-quantize (the nextn layer with it):
+    trace reproduces the four requests' tokens and draft totals, recover equals the patched server."""
+    import subprocess
+    q4 = tmp_path / "tiny-qwen35-q4_0-mtp1.gguf"
+    r = subprocess.run([str(b11434.quantize), str(FIXTURES / "tiny-qwen35-mtp1.gguf"), str(q4), "Q4_0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and q4.is_file(), r.stderr[-1500:]
+    cfg = ServerConfig(q4, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",))
+    plain, truth = _record(b11434.server, cfg, 1.0), _record(patched.server, cfg, 1.0)
+    src = _write(plain, tmp_path / "q4.jsonl")
+    r = run("trace", src, "-m", q4, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    assert all(t["reproduced"] and t["draft_n"] == t["server_draft_n"] for t in json.loads(r.stdout)["records"])
+    out = tmp_path / "q4.fixed.jsonl"
+    r = run("recover", src, "-m", q4, "-o", out, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    for line, want in zip(out.read_text().splitlines(), truth):
+        a = record_entries(read_text(line, "repaired")[0])
+        b = record_entries(read_text(json.dumps(want), "patched")[0])
+        assert [e.id for e in a] == [e.id for e in b]
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0

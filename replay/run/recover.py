@@ -51,6 +51,7 @@ class RecoverSession:
     def __init__(self, task: RecoverTask, inputs: Inputs, engine: EngineChoice):
         engine.apply()
         self.tried = engine.tried
+        self._pending: list[Recovered] = []  # recovered on the kernels tried, before the witness decided
         self.records = inputs.records
         self.recoverer = Recoverer(inputs.model, engine.flags(task.flags), task.options, records=self.records,
                                    kernels=engine.kernels)
@@ -59,16 +60,19 @@ class RecoverSession:
         for k in unit.records:
             emit("start", k)
             got = self.recoverer.recover(self.records[k])
-            if self.tried is not None and k == self.tried.record:
-                self._decide(got)
+            if self.tried is not None:
+                self._pending.append(got)
+                if k == self.tried.record:
+                    self._decide()
             if k not in unit.finished:
                 emit("done", Done(k, got))
 
-    def _decide(self, got: Recovered) -> None:
+    def _decide(self) -> None:
         """The kernels tried first, judged by the record's first entry as the probe would (within EXACT):
-        confirmed, they are the run's "matched" kernels from here on (this record's report too); else
-        KernelsRetry. Either outcome is kept as the probe's, so that no later run computes it again."""
-        tried, choice = self.tried, self.recoverer.kernels
+        confirmed, they are the run's "matched" kernels from here on (and in the reports of the records
+        recovered so far); else KernelsRetry. Either outcome is kept as the probe's, so that no later run
+        computes it again."""
+        tried, choice, got = self.tried, self.recoverer.kernels, self._pending[-1]
         self.tried = None
         first = got.report.tokens[0] if got.report.tokens else None
         diff = max((abs(a - b) for a, b in first.real_pairs), default=None) if first is not None else None
@@ -81,7 +85,9 @@ class RecoverSession:
         label = Probe(tried.variant, diff, repack=tried.repack).label
         confirmed = replace(choice, how="matched", diff=diff, diffs=((label, diff),))
         self.recoverer.kernels = confirmed
-        got.report.cpu = confirmed.to_json()
+        for done in self._pending:
+            done.report.cpu = confirmed.to_json()
+        self._pending = []
 
     def forget(self) -> None:
         self.recoverer.forget()

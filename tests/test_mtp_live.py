@@ -43,6 +43,15 @@ def _record_one(binary, cfg: ServerConfig, item: RequestItem) -> dict:
         return record_one(srv.url, item, srv.config.flags_block())
 
 
+def _assert_patched(out, truth: list[dict]) -> None:
+    """Every record recover wrote to `out` has the patched server's tokens and values, bit for bit."""
+    for line, want in zip(out.read_text().splitlines(), truth):
+        a = record_entries(read_text(line, "repaired")[0])
+        b = record_entries(read_text(json.dumps(want), "patched")[0])
+        assert [e.id for e in a] == [e.id for e in b]
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0
+
+
 def _write(records: list[dict], path):
     path.write_text("".join(dumps(t, indent=None) + "\n" for t in records))
     return path
@@ -240,11 +249,7 @@ def test_a_session_on_the_prompt_cache(name, b11434, patched, server_cpu, tmp_pa
     out = tmp_path / "session.fixed.jsonl"
     r = run("recover", src, "-m", FIXTURES / name, "-o", out, "--json", *server_cpu)
     assert r.exit_code == 0, r.output[-2000:]
-    for line, want in zip(out.read_text().splitlines(), truth):
-        a = record_entries(read_text(line, "repaired")[0])
-        b = record_entries(read_text(json.dumps(want), "patched")[0])
-        assert [e.id for e in a] == [e.id for e in b]
-        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0
+    _assert_patched(out, truth)
 
 
 SHAPES = {  # id: (server flags, request)
@@ -301,8 +306,4 @@ def test_a_hybrid_mtp_target_quantized_by_llama_quantize(b11434, patched, server
     out = tmp_path / "q4.fixed.jsonl"
     r = run("recover", src, "-m", q4, "-o", out, "--json", *server_cpu)
     assert r.exit_code == 0, r.output[-2000:]
-    for line, want in zip(out.read_text().splitlines(), truth):
-        a = record_entries(read_text(line, "repaired")[0])
-        b = record_entries(read_text(json.dumps(want), "patched")[0])
-        assert [e.id for e in a] == [e.id for e in b]
-        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b)) == 0.0
+    _assert_patched(out, truth)

@@ -246,9 +246,11 @@ def run_server(binary: Path, lab: Lab, draft_sampling: str | None, speculate: bo
 _worker: dict = {}
 
 
-def _trace_init(target: str, draft: str) -> None:
+def _trace_init(target: str, draft: str, share: int) -> None:
     from replay.runtime.llama import Model, set_verbose
+    from replay.settings.config import set_batch_threads
     set_verbose(False)
+    set_batch_threads(share)  # its share of the cores: workers whose batches spin on each other's cores crawl
     _worker["target"], _worker["draft"] = Model(target), Model(draft)
 
 
@@ -276,10 +278,12 @@ def run_trace(lab: Lab, sampling: str, *, key: str, label: str, progress: Progre
               workers: int = 2) -> PathRun:
     """Path c: the trace loop in-process, seeds spread over worker processes."""
     import multiprocessing as mp
+    from replay.settings.config import host_cores
     ids, _ = tokenize(lab)
     out: dict[int, tuple[int, ...]] = {}
+    share = max(1, host_cores() // workers)
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_trace_init,
-                                initargs=(str(lab.target), str(lab.draft))) as ex:
+                                initargs=(str(lab.target), str(lab.draft), share)) as ex:
         for seed, toks in ex.map(_trace_seed, [(ids, sampling, s) for s in lab.seeds], chunksize=16):
             out[seed] = toks
             if progress:

@@ -133,6 +133,7 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
                              "--measure the costs come from the transcript's timings")
         _fill(ctx, tokens, depth)
         t_costs = _decode_costs(ctx, target_sizes or [1], depth, token, all_rows=True, reps=reps)
+        n_rs = ctx.n_rs_seq if any(b > ctx.n_rs_seq for b in t_costs) else 0
         ctx.decode([token], depth, [True])
         logits = ctx.logits(0)
         ctx.seq_rm(0, depth, -1)
@@ -164,5 +165,8 @@ def measure(target: Model, draft: Model | None, slot: SlotConfig, params: Sampli
         finally:
             dchain.close()
     at = f"KV depth {depth}" + (f" (the records' {wanted} does not fit the context)" if depth != wanted else "")
+    # an estimate, said so: such a batch's time is a decode plus a checkpoint restore, less the restore alone
+    rs = (f"; target batches of more than {n_rs} rows timed from a checkpoint, its restore's median taken off"
+          if n_rs else "")
     return CostTable(t_costs, d_costs, t_sample, d_sample,
-                     source=f"measured on this host ({slot.threads} threads, {at}, median of {reps})")
+                     source=f"measured on this host ({slot.threads} threads, {at}, median of {reps}{rs})")

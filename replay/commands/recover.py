@@ -18,6 +18,7 @@ from replay.comparison.values import (
     BATCH_BOUND,
     APPROXIMATE_DRIFT,
     DEFAULT_TOLERANCE,
+    SHARED_ENTRY_DRIFT,
     TokenReport,
     compare,
     judge_numerics,
@@ -235,8 +236,17 @@ class Recoverer:
                          f"{APPROXIMATE_DRIFT} nats, as measured): {run.approximate_why}" + (
                              "; not replayed through the server's loop, which computes them in its batches: "
                              + run.schedule["loop"]["why"] if "loop" in run.schedule else ""))
-        elif run.schedule.get("loop", {}).get("replayed"):
-            loop = run.schedule["loop"]
+        shared = bool(read.shared)  # evidence or --shared-batches: approximate whatever its real entries say
+        if shared and not batched:  # (where they disagreed, the judgement's note below says so)
+            notes.append(f"values after the first entry are approximate: {cause}, which this replay (one request at "
+                         "a time) does not reproduce; its real entries agreed with this replay's, which says little "
+                         f"of the rows between them (single entries measured up to {SHARED_ENTRY_DRIFT} nats off on "
+                         "4-slot servers)")
+        loop = run.schedule.get("loop", {})
+        if run.approximate_from is None and loop.get("replayed") and shared:
+            notes.append("the server's loop was replayed for this request alone (its drafts and verify batches, "
+                         "without the other requests' rows)")
+        elif run.approximate_from is None and loop.get("replayed"):
             notes.append("values computed in the server's batches by replaying its loop (drafts, verify batches, "
                          "checkpoint restores): " + (
                              f"its draft totals ({loop['draft_n']} drafted, {loop['draft_n_accepted']} accepted) equal "
@@ -251,7 +261,7 @@ class Recoverer:
                          f"entry and record): {cause}; within the {self.options.batch_bound} nats other "
                          "numerics explain (a requantised model file measured 0.38 or more, first entries 0.17 "
                          "or more), so they are kept as "
-                         f"sent and the rest gets {self.backend.name} one-request values")
+                         f"sent and the rest gets {self.backend.name} one-request values, which are approximate")
         error = None
         if run.unaligned is not None:
             error = str(run.unaligned)
@@ -279,14 +289,14 @@ class Recoverer:
             kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause,
             cause_kind=numerics_kind(read.shared, kernels), weighted_diff=weighted,
             first_diff=apart.first, bound=self.options.batch_bound,
-            judged_by=None if not batched else "option" if (
+            judged_by=None if not (batched or shared) else "option" if (
                 read.shared == "--shared-batches" or (read.shared or "").endswith(GIVEN_HERE + ")")
                 or (self.options.server_backend is not None
                     and server_backend(self._flags_as_spelled(rec), None) == "CPU")
             ) else "evidence", identity=[c.to_json() for c in read.identity],
             model_file=self.model.path.name,
             drafting_known=any(t != "none" for t in read.spec.spec_types) or bool(read.spec.draft_model),
-            batched=batched, schedule=run.schedule)
+            batched=batched, shared=shared, schedule=run.schedule)
         return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
 
     def _read(self, rec: Record) -> ReadRecord:

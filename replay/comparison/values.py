@@ -72,6 +72,9 @@ APPROXIMATE_DRIFT = 0.3
 # their own, so the first entry tells a wrong model file from batching; the record mean is a
 # sanity bound. Beyond the bound the model file or the build is not the server's.
 BATCH_BOUND = 0.25
+# The largest single later entry of those measurements (a plain 4-slot server): what a record with
+# evidence of shared batches says its values may be off by, even where its own real entries agree.
+SHARED_ENTRY_DRIFT = 0.46
 # Measured again with a 4-slot b11434 server and 8 concurrent OpenAI-SDK chat requests (bench/identity.py,
 # docs/recover.md "A wrong model file"): the right model's first entries were 0 to 0.152 nats off
 # (SmolLM2 Q4_1) and 0.012 to 0.141 (Gemma 3 Q4_K_M); requantised to Q4_0 they were 0.17 to 1.03 and

@@ -50,6 +50,7 @@ class RecordReport:
     weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values
     first_diff: float | None = None  # the same of the first real entry alone (comparison/values.py Disagreement)
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
+    shared: bool = False  # evidence (or --shared-batches) that its batches were shared: approximate, whatever its entries say
     bound: float = BATCH_BOUND  # the bound it was judged within (RecoverOptions.batch_bound)
     judged_by: str | None = None  # "evidence" (the transcript shows the cause) or "option" (--shared-batches, --server-backend)
     schedule: dict | None = None  # schedule/memory.py schedule_of: the prompt batches and checkpoints replayed
@@ -89,10 +90,10 @@ class RecordReport:
                           "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
                           "weighted_mean_diff_real": self.weighted_diff,
                           "weighted_diff_first_entry": self.first_diff,
-                          "cause": self.cause_kind if self.batched else None,
-                          "why": self.cause if self.batched else None,
-                          "judged_by": self.judged_by if self.batched else None,
-                          "bound": self.bound if self.batched else None},
+                          "cause": self.cause_kind if self.batched or self.shared else None,
+                          "why": self.cause if self.batched or self.shared else None,
+                          "judged_by": self.judged_by if self.batched or self.shared else None,
+                          "bound": self.bound if self.batched or self.shared else None},
              "model": {"file": self.model_file, "compared": self.identity},
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:

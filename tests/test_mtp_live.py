@@ -404,3 +404,38 @@ def test_the_heads_carry_runs_from_one_request_into_the_next(b11434, server_cpu,
     print(f"\n(reproduced, drafted, accepted, server drafted, server accepted) per record, the carry reset: {zeroed}")
     assert zeroed[0] == carried[0]  # the first request starts from zeros on the server too
     assert any((n, a) != (sn, sa) for _, n, a, sn, sa in zeroed[1:]), zeroed
+
+
+def test_sampling_defaults_from_the_model_file_and_the_command_line_with_mtp_heads(b11434, patched, server_cpu,
+                                                                                     tmp_path):
+    """An MTP server started as users start theirs: the model file's general.sampling.* (top-k 12, top-p 0.9,
+    repeat penalty 1.05), `--temp 0.9 --min-p 0.1` on the command line, `-t 1`, and requests that give only a
+    seed. The target's chain is the request's over the flags' over the file's (common/common.cpp,
+    server-schema.cpp); the heads draft greedily from their own top-k 10 chain whatever the request samples.
+    trace reproduces every token and the draft totals, recover equals the patched server bit for bit, and
+    its report says where each setting came from."""
+    from replay.llamacpp.models import with_sampling_defaults
+    model = with_sampling_defaults(FIXTURES / "tiny-hyv3-q8_0-mtp1.gguf", tmp_path / "hyv3-sampling.gguf",
+                                   {"top_k": 12, "top_p": 0.9, "penalty_repeat": 1.05})
+    cfg = ServerConfig(model, n_ctx=256, n_parallel=1, spec_types=("draft-mtp",), threads=1, temp=0.9, min_p=0.1)
+    items = [RequestItem("/completion", {"prompt": p, "n_predict": 48, "n_probs": 2, "seed": 7, "ignore_eos": True})
+             for p in PROMPTS]
+
+    def recorded(binary) -> list[dict]:
+        with LlamaServer(cfg, binary=binary) as srv:
+            return [record_one(srv.url, it, srv.config.flags_block()) for it in items]
+    plain, truth = recorded(b11434.server), recorded(patched.server)
+    assert all(r["response"]["timings"]["draft_n"] > 0 for r in plain)
+    src, out = _write(plain, tmp_path / "defaults.jsonl"), tmp_path / "defaults.fixed.jsonl"
+    r = run("trace", src, "-m", model, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    for t in json.loads(r.stdout)["records"]:
+        assert t["reproduced"] and (t["draft_n"], t["draft_n_accepted"]) == (t["server_draft_n"],
+                                                                            t["server_draft_n_accepted"]), t
+    r = run("recover", src, "-m", model, "-o", out, "--json", *server_cpu)
+    assert r.exit_code == 0, r.output[-2000:]
+    sources = {s["setting"]: (s["value"], s["source"]) for s in json.loads(r.stdout)["records"][0]["settings"]}
+    assert sources["--top-k"] == (12, "model file") and sources["--top-p"][1] == "model file", sources
+    assert sources["--repeat-penalty"][1] == "model file" and sources["--temp"] == (pytest.approx(0.9), "server.flags")
+    assert sources["--min-p"] == (pytest.approx(0.1), "server.flags") and sources["--seed"] == (7, "request"), sources
+    _assert_patched(out, truth)

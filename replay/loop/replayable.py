@@ -51,6 +51,11 @@ def check_replayable(spec, era: Era, *, has_draft_model: bool) -> None:
     if "draft-simple" in types and not has_draft_model:
         raise TranscriptError("--spec-type draft-simple needs the draft model: pass -md/--spec-draft-model")
     if "draft-mtp" in types:
+        if not era.rejection:  # the driver of b11368.. (b11434's) is the one replayed (loop/draft_mtp.py)
+            raise TranscriptError(f"--spec-type draft-mtp on {era.describe()}: that build's MTP driver "
+                                  "(common/speculative.cpp common_speculative_impl_draft_mtp, rewritten at b10724, "
+                                  "b10917, b11236 and b11368) is not the one this replay runs (b11368 on); not "
+                                  "replayed")
         if has_draft_model or spec.draft_model:
             raise TranscriptError("--spec-type draft-mtp with a draft model (-md): the server then drafts with the draft "
                                   "model's MTP heads (common/speculative.cpp:2625-2637), which is not replayed yet")

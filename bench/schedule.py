@@ -19,7 +19,9 @@ recorded with `record`. The same records are then recovered, each measurement in
 
 Each recover time is the whole `replay.recover()` call: the model loaded, the contexts made, every
 record replayed and written. The server's is its own `timings.prompt_ms + predicted_ms` summed over the
-records (model load not counted). Timed pairs are measured alternately, twice, the fastest kept.
+records (model load not counted), and beside it its start-up (the process started to /health ready, both
+models loaded): what regenerating the records would add. Timed pairs are measured alternately, twice, the
+fastest kept.
 """
 from __future__ import annotations
 
@@ -109,7 +111,9 @@ def _max_diff(a: Path, b: Path) -> tuple[float, int]:
 def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, temp: float, tmp: Path) -> list:
     transcript = tmp / f"{name}.jsonl"
     records = []
+    t0 = time.perf_counter()
     with LlamaServer(cfg, binary=binary) as srv:
+        startup = time.perf_counter() - t0  # to /health ready: loading both models, what regenerating adds
         for item in _requests(temp):
             records.append(record_one(srv.url, item, srv.config.flags_block()))
     transcript.write_text("".join(dumps(r, indent=None) + "\n" for r in records))
@@ -130,6 +134,7 @@ def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, 
     rec, one = best["server"]["seconds"], best["one-token"]["seconds"]
     off, first = best["probe-off"]["seconds"], best["probe-first"]["seconds"]
     return [name, f"{min(n_prompt)}-{max(n_prompt)}", f"{server_s:.1f}", f"{rec:.1f}", f"{rec / server_s:.2f}",
+            f"{startup:.1f}", f"{rec / (server_s + startup):.2f}",
             f"{one:.1f}", f"{one / rec:.2f}", f"{worst:.3f} ({over})", f"{off - rec:.1f} ({(off - rec) / off:.0%})",
             f"{first - rec:.1f} ({(first - rec) / first:.0%})", f"{first / server_s:.2f}",
             best["server"]["mismatch"] + probe_same]
@@ -156,6 +161,7 @@ def main() -> int:
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; servers and replays on the "
           f"{cpu} variant of b11434; three chat records each, 64 tokens out; {time.perf_counter() - started:.0f} s")
     print(tabulate(rows, headers=["configuration", "prompt tokens", "server s", "recover s", "recover / server",
+                                  "server start-up s", "recover / (server + start-up)",
                                   "one-token s", "one-token / recover", "one-token max |diff| (> 5e-4)",
                                   "probe s, caches off (share)", "probe s, first transcript (share)",
                                   "first transcript / server", "mismatches"]))

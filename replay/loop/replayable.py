@@ -53,7 +53,7 @@ def check_replayable(spec, era: Era, *, has_draft_model: bool) -> None:
     if "draft-mtp" in types:
         if not era.rejection:  # the driver of b11368.. (b11434's) is the one replayed (loop/draft_mtp.py)
             raise TranscriptError(f"--spec-type draft-mtp on {era.describe()}: that build's MTP driver "
-                                  "(common/speculative.cpp common_speculative_impl_draft_mtp, rewritten at b10724, "
+                                  "(common/speculative.cpp common_speculative_impl_draft_mtp, changed by b10724, "
                                   "b10917, b11236 and b11368) is not the one this replay runs (b11368 on); not "
                                   "replayed")
         if has_draft_model or spec.draft_model:

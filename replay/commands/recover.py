@@ -243,10 +243,12 @@ class Recoverer:
                          f"of the rows between them (single entries measured up to {SHARED_ENTRY_DRIFT} nats off on "
                          "4-slot servers)")
         loop = run.schedule.get("loop", {})
-        if run.approximate_from is None and loop.get("replayed") and shared:
+        if run.approximate_from is not None or not loop.get("replayed"):
+            pass  # (said above, or nothing replayed)
+        elif shared:
             notes.append("the server's loop was replayed for this request alone (its drafts and verify batches, "
                          "without the other requests' rows)")
-        elif run.approximate_from is None and loop.get("replayed"):
+        else:
             notes.append("values computed in the server's batches by replaying its loop (drafts, verify batches, "
                          "checkpoint restores): " + (
                              f"its draft totals ({loop['draft_n']} drafted, {loop['draft_n_accepted']} accepted) equal "

@@ -278,12 +278,11 @@ def run_trace(lab: Lab, sampling: str, *, key: str, label: str, progress: Progre
               workers: int = 2) -> PathRun:
     """Path c: the trace loop in-process, seeds spread over worker processes."""
     import multiprocessing as mp
-    from replay.settings.config import host_cores
+    from replay.settings.config import core_share
     ids, _ = tokenize(lab)
     out: dict[int, tuple[int, ...]] = {}
-    share = max(1, host_cores() // workers)
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_trace_init,
-                                initargs=(str(lab.target), str(lab.draft), share)) as ex:
+                                initargs=(str(lab.target), str(lab.draft), core_share(workers))) as ex:
         for seed, toks in ex.map(_trace_seed, [(ids, sampling, s) for s in lab.seeds], chunksize=16):
             out[seed] = toks
             if progress:

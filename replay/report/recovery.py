@@ -80,6 +80,12 @@ class RecordReport:
     def recovered(self) -> bool:
         return self.error is None and all(t.status in RECOVERED for t in self.tokens)
 
+    def _judgement(self) -> dict:
+        """numerics' cause, why, judged_by and bound: set where the values were judged or the batches shared."""
+        said = self.batched or self.shared
+        return {"cause": self.cause_kind if said else None, "why": self.cause if said else None,
+                "judged_by": self.judged_by if said else None, "bound": self.bound if said else None}
+
     def to_json(self) -> dict:
         d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
              "field_kind": self.field_kind, "n_probs": self.n_probs, "prompt_tokens": self.prompt_tokens,
@@ -90,10 +96,7 @@ class RecordReport:
                           "server_backend": self.server_backend, "kernels": self.kernels, "cpu": self.cpu,
                           "weighted_mean_diff_real": self.weighted_diff,
                           "weighted_diff_first_entry": self.first_diff,
-                          "cause": self.cause_kind if self.batched or self.shared else None,
-                          "why": self.cause if self.batched or self.shared else None,
-                          "judged_by": self.judged_by if self.batched or self.shared else None,
-                          "bound": self.bound if self.batched or self.shared else None},
+                          **self._judgement()},
              "model": {"file": self.model_file, "compared": self.identity},
              "tokens": [t.to_json() for t in self.tokens], "summary": self.summary()}
         if self.error:

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from replay.errors import SpecReplayError, WorkerDied
 from replay.run.task import Done
 from replay.scale.worker import Evaluator, Job
-from replay.settings.config import host_cores, set_batch_threads
+from replay.settings.config import core_share, set_batch_threads
 from replay.transcripts.chains import Unit
 
 POLL_S = 0.5  # how often the driver looks for a worker that died without a word
@@ -125,7 +125,7 @@ def run_local(job: Job, units: Sequence[Unit], workers: int, on_event: Callable[
     for _ in range(n):
         tasks.put(None)
     pipes = [ctx.Pipe(duplex=False) for _ in range(n)]  # (the driver's end, the worker's)
-    share = max(1, host_cores() // n)
+    share = core_share(n)
     procs = [ctx.Process(target=_main, args=(wid, job, tasks, pipes[wid][1], os.getpid(), share), daemon=True,
                          name=f"spec-replay-worker-{wid}") for wid in range(n)]
     for p in procs:

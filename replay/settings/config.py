@@ -45,6 +45,15 @@ def set_batch_threads(n: int | None) -> None:
     _BATCH_THREADS[:] = [n] if n else []
 
 
+def core_share(workers: int) -> int:
+    """Each of `workers` processes' share of this process's cores, for its batches (set_batch_threads).
+
+    >>> core_share(10**6)
+    1
+    """
+    return max(1, host_cores() // workers)
+
+
 def host_cores() -> int:
     """The threads of the replay's batches, whose values do not depend on their thread count (a
     one-token decode's do: thread_count): the cores this process may run on, or its share of them."""

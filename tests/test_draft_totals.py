@@ -30,12 +30,12 @@ def _record(*, draft_n: int | None = None, slots: int | None = None, created: in
     return rec
 
 
-def _trace(tmp_path, *records: dict) -> tuple[int, list[dict], str]:
+def _trace(tmp_path, *records: dict, extra: tuple[str, ...] = ()) -> tuple[int, list[dict], str]:
     src = tmp_path / "t.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
-    r = run("trace", src, "-m", MODEL, "-md", DRAFT, "--json")
+    r = run("trace", src, "-m", MODEL, "-md", DRAFT, "--json", *extra)
     d = json.loads(r.stdout)
-    text = run("trace", src, "-m", MODEL, "-md", DRAFT).output
+    text = run("trace", src, "-m", MODEL, "-md", DRAFT, *extra).output
     return r.exit_code, d["records"] if "records" in d else [d], text
 
 
@@ -71,3 +71,19 @@ def test_records_that_ran_side_by_side_explain_each_other(tmp_path):
     # the same two records a minute apart: nothing explains the first one's totals
     code, [ta, _], _ = _trace(tmp_path, a, _record(created=1_800_000_060))
     assert ta["divergence"] is None
+
+
+def test_the_user_can_say_the_requests_ran_at_once(tmp_path):
+    """/completion responses carry no `created`: a harness's concurrent requests leave nothing in the file
+    that shows it. --shared-batches is the user saying so; the totals are then explained by the draft
+    model's shared batches, and the text names the option as the evidence."""
+    code, [tr], text = _trace(tmp_path, _record(draft_n=35, slots=4), extra=("--shared-batches",))
+    assert code == 1 and tr["reproduced"] is False and tr["first_divergence"] is None
+    assert tr["divergence"]["cause"] == "numerics"
+    assert "the draft totals differ (trace drafted 36, accepted 7; the server 35, 7)" in tr["divergence"]["text"]
+    assert "may have been shared (--shared-batches)" in tr["divergence"]["text"]
+    # what the option explains is only the totals: a record whose tokens part is still judged on its figures
+    bad = _record(slots=4)
+    bad["request"]["seed"] += 1
+    code, [tr], _ = _trace(tmp_path, bad, extra=("--shared-batches",))
+    assert code == 1 and tr["first_divergence"] is not None

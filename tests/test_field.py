@@ -227,12 +227,12 @@ def test_default_slots_with_four_concurrent_requests(default_np, smollm2, smollm
         unnamed.write_text(json.dumps(t))
         err = one_error(run("recover", unnamed, "-m", smollm2_draft, "--renamed-model", "-o", tmp_path / f"wrong-{k}.json"))
         assert "not the server's" in err and not (tmp_path / f"wrong-{k}.json").exists(), err
-    traced = _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft)
+    traced = _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft, "--shared-batches")
     for tr in traced:
         assert tr["reproduced"] is True or (tr["divergence"] and tr["divergence"]["cause"] == "numerics"), \
             (tr["first_divergence"], tr["divergence"], tr["notes"])
     # each slot's state is its own (commands/trace_state.py): 2 workers print what one process prints
-    assert _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft, "--workers", "2") == traced
+    assert _trace(out, smollm2, tmp_path, "concurrent", "-md", smollm2_draft, "--shared-batches", "--workers", "2") == traced
     print(f"\nconcurrent: {batched} of 4 records' real values judged batch numerics")
 
 

@@ -197,7 +197,7 @@ def test_default_slots_with_four_concurrent_requests(default_np, gemma3, gemma3_
         rep = check_recovered(s, record(plain, "/completion", _bodies(k)), gemma3, tmp_path, f"concurrent-{k}",
                               concurrent=True)
         assert rep["numerics"]["slots"] == 4
-    for tr in trace(out, gemma3, tmp_path, "concurrent", *_md(gemma3_draft)):
+    for tr in trace(out, gemma3, tmp_path, "concurrent", *_md(gemma3_draft), "--shared-batches"):
         assert tr["reproduced"] is True or (tr["divergence"] and tr["divergence"]["cause"] == "numerics"), \
             (tr["first_divergence"], tr["divergence"], tr["notes"])
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
 from tabulate import tabulate
@@ -27,18 +27,20 @@ from replay.report import schema as report_json
 from replay.run.inputs import Inputs, Outputs
 from replay.transcripts.readers import Record
 
+if TYPE_CHECKING:
+    from replay.run.trace import TraceTask
+    from replay.run.tune import TuneTask
 
-def start_loop(transcript: str | None, request_file: str | None, model: str, flags: dict, *, build: int | None,
-               source: str | None, libllama: str | None, server_cpu: str | None, renamed: bool, quiet: bool):
+
+def start_loop(transcript: str | None, request_file: str | None, model: str, task: TraceTask | TuneTask, *,
+               libllama: str | None, server_cpu: str | None, quiet: bool):
     """The front door of a run of the server's loop (trace, tune): its inputs read and checked in one line
     each, its engine chosen (the libllama and the CPU kernels, probed on this host) before any model
     loads. Returns (inputs, engine)."""
     from replay.run.engine import choose_engine
-    from replay.run.trace import TraceTask
-    inputs = Inputs.read(transcript, model, request_file=request_file, renamed=renamed)
-    options = TraceTask(flags, build, source).options()
-    return inputs, choose_engine(inputs, flags=flags, options=options, libllama=libllama, server_cpu=server_cpu,
-                                 say=stderr_say(quiet))
+    inputs = Inputs.read(transcript, model, request_file=request_file, renamed=task.renamed)
+    return inputs, choose_engine(inputs, flags=task.flags, options=task.options(), libllama=libllama,
+                                 server_cpu=server_cpu, say=stderr_say(quiet))
 
 
 @main.command()
@@ -66,11 +68,15 @@ def start_loop(transcript: str | None, request_file: str | None, model: str, fla
               help="trace a JSONL's records on N processes, each loading the models once (-t per worker "
                    "defaults to the cores shared out); records that share the server's state across "
                    "requests (n-gram tables, a slot's draft sampler) stay together, in order")
+@click.option("--shared-batches", is_flag=True,
+              help="the server ran these requests at the same time as others (several slots serving at once) "
+                   "although the transcript does not show it: where every token matches and only the draft "
+                   "totals differ, that is explained by the draft model's shared batches (numerics)")
 @libllama_option
 @server_cpu_option
 @server_flags("speculative", "context", "sampling")
 def trace(transcript, model, renamed_model, request_file, build, source, prompt, steps_range, as_json, html_file, force, verbose,
-          libllama, server_cpu, workers, **flags) -> None:
+          libllama, server_cpu, workers, shared_batches, **flags) -> None:
     """Replay the server's speculative loop step by step.
 
     Shows what was drafted (with the draft's q), what the target thought (p), which
@@ -100,9 +106,9 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
         raise click.UsageError("give a TRANSCRIPT or --prompt, not both")
     Outputs(html_file=html_file, force=force).check(transcript, request_file)
     build = build_number(build)
-    inputs, engine = start_loop(transcript, request_file, model, flags, build=build, source=source, libllama=libllama,
-                                server_cpu=server_cpu, renamed=renamed_model, quiet=as_json)
-    task = TraceTask(flags, build, str(source) if source else None, renamed_model)
+    task = TraceTask(flags, build, str(source) if source else None, renamed_model, shared_batches=shared_batches)
+    inputs, engine = start_loop(transcript, request_file, model, task, libllama=libllama, server_cpu=server_cpu,
+                                quiet=as_json)
     records = inputs.records
     session = task.open(inputs, engine)
     target = session.target

@@ -88,8 +88,8 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
     Outputs(html_file=html_file, force=force).check(transcript, request_file)
-    inputs, engine = start_loop(transcript, request_file, model, flags, build=task.build, source=None,
-                                libllama=libllama, server_cpu=server_cpu, renamed=renamed_model, quiet=as_json)
+    inputs, engine = start_loop(transcript, request_file, model, task, libllama=libllama, server_cpu=server_cpu,
+                                quiet=as_json)
     session = task.open(inputs, engine)
     session.check()
     prepared, target = session.prepared, session.target

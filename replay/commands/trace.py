@@ -161,10 +161,11 @@ def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None 
         res.server_candidates = recorded_candidates(rec, res.first_divergence)
         res.explanation = explain(res, rec, settings, read.slots)
     elif res.reproduced is False:
-        if draft_model is not None and read.shared:
-            res.explanation = drafts_shared(res, read.shared)
+        drafter = "draft model" if draft_model is not None else "MTP heads" if "draft-mtp" in spec.spec_types else None
+        if drafter and read.shared:
+            res.explanation = drafts_shared(res, read.shared, drafter)
         else:
-            res.notes.append(drafts_differ(res, draft_model is not None, rec.several_slots()))
+            res.notes.append(drafts_differ(res, drafter, rec.several_slots()))
     return res
 
 

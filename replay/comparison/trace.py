@@ -238,16 +238,27 @@ def recorded_candidates(rec: Record, index: int) -> list[tuple[int, float]] | No
     return None
 
 
-def drafts_shared(res: TraceResult, evidence: str) -> Explanation:
-    """Every token matches, the draft totals do not, and the draft model's batches may have held other
-    requests' tokens: numerics. b11434 drafts every drafting slot in one batch on the one draft context
-    (common/speculative.cpp:383-386 the first tokens of all slots, 446-453 each next token), so a shared
-    batch moves the draft model's values, and with them its argmax at a near-tie and the --draft-p-min
-    cut (speculative.cpp:420-425) that ends a draft; sample-and-match still emits the target's tokens."""
+def drafts_shared(res: TraceResult, evidence: str, drafter: str = "draft model") -> Explanation:
+    """Every token matches, the draft totals do not, and the drafter's batches may have held other
+    requests' tokens: numerics. b11434 drafts every drafting slot in one batch: the draft model
+    (common/speculative.cpp:383-386 the first tokens of all slots, 446-453 each next token) and the MTP
+    heads alike (1656-1712), whose context also takes the target's whole batch, every slot's rows, with
+    their hidden rows (1539-1610 process). A shared batch moves the drafter's values, and with them its
+    argmax at a near-tie and the --draft-p-min cut (speculative.cpp:420-425) that ends a draft;
+    sample-and-match still emits the target's tokens. `drafter`: "draft model" or "MTP heads"."""
     return Explanation("numerics", (
-        f"{_totals_differ(res)}: the server drafts all its busy slots in one batch of the draft model, and this "
-        f"record's batches may have been shared ({evidence}), which moves the draft model's values at a near-tie or "
-        "at the --draft-p-min cut"))
+        f"{_totals_differ(res)}: the server drafts all its busy slots in one batch of its {drafter}, and this "
+        f"record's batches may have been shared ({evidence}), which moves {_whose(drafter)} values at a near-tie "
+        "or at the --draft-p-min cut"))
+
+
+def _whose(drafter: str) -> str:
+    """The drafter's possessive.
+
+    >>> _whose("draft model"), _whose("MTP heads")
+    ("the draft model's", "the MTP heads'")
+    """
+    return f"the {drafter}'" if drafter.endswith("s") else f"the {drafter}'s"
 
 
 def _totals_differ(res: TraceResult) -> str:
@@ -255,15 +266,17 @@ def _totals_differ(res: TraceResult) -> str:
             f"accepted {res.draft_n_accepted}; the server {res.server_draft_n}, {res.server_draft_n_accepted})")
 
 
-def drafts_differ(res: TraceResult, draft_model: bool, several_slots: str | None = None) -> str:
+def drafts_differ(res: TraceResult, drafter: str | None, several_slots: str | None = None) -> str:
     """Why every token can match while the draft totals do not: the drafts were chosen differently.
-    `several_slots` (Record.several_slots) names a possibility the transcript shows no evidence of."""
-    why = ("the draft model's argmax at a near-tie follows the kernels that computed its logits: a server "
+    `drafter`: "draft model" or "MTP heads" where a model drafts (its values follow the kernels), None
+    for an n-gram drafter (its state follows the requests). `several_slots` (Record.several_slots) names
+    a possibility the transcript shows no evidence of."""
+    why = (f"{_whose(drafter)} argmax at a near-tie follows the kernels that computed its logits: a server "
            "whose ggml differs from this replay's libllama (an older or newer build, a GPU, other CPU code "
            "paths, another --threads-draft past 256 positions) can draft another token there, and "
            "sample-and-match still emits the target's tokens"
-           if draft_model else "an n-gram drafter's state differs (earlier requests to the same server that "
-                               "the transcript does not hold?)")
+           if drafter else "an n-gram drafter's state differs (earlier requests to the same server that "
+                           "the transcript does not hold?)")
     also = (f"; or {several_slots} drafted other requests' tokens in the same batch, if any ran at the same time "
-            "(nothing in the transcript shows one did)" if several_slots and draft_model else "")
+            "(nothing in the transcript shows one did)" if several_slots and drafter else "")
     return f"{_totals_differ(res)}: {why}{also}"

@@ -41,6 +41,7 @@ class TraceTask:
     source: str | None = None
     renamed: bool = False
     light: bool = True
+    shared_batches: bool = False  # --shared-batches: the user says the server ran these requests beside others
     verb = "tracing"
 
     def open(self, inputs: Inputs, engine: EngineChoice) -> "TraceSession":
@@ -51,7 +52,8 @@ class TraceTask:
 
     def options(self) -> RecoverOptions:
         """The options that choose the engine (the libllama of --build, --source)."""
-        return RecoverOptions(build=self.build, source=self.source and Path(self.source))
+        return RecoverOptions(build=self.build, source=self.source and Path(self.source),
+                              shared_batches=self.shared_batches)
 
 
 def trace_report(results: Sequence[tuple[int | None, TraceResult]], piece: Callable[[int], str],
@@ -82,7 +84,7 @@ class TraceSession:
         self.flags = engine.flags(task.flags)
         self.target = Model(inputs.model, **model_params(self.flags))
         self.drafts = Drafts(model_params(self.flags))
-        self.shared = shared_evidence(self.records, self.flags, False, cells=False)
+        self.shared = shared_evidence(self.records, self.flags, task.shared_batches, cells=False)
 
     def run(self, unit: Unit, emit: Emit) -> None:
         """The unit's records in order on one fresh server (ServerState)."""

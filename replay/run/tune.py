@@ -50,6 +50,10 @@ class TuneTask:
     def settings(self) -> list[Setting]:
         return sweep(self.varies)
 
+    def options(self) -> RecoverOptions:
+        """The options that choose the engine (the libllama of --build)."""
+        return RecoverOptions(build=self.build)
+
 
 class TuneSession:
     """The target and draft models loaded and the records read once (the engine applied first)."""

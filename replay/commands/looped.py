@@ -109,7 +109,7 @@ class LoopValues:
             self._state = ServerState(self.n_parallel)
         try:
             res = trace_read(read, self.target, slot_state=self._state.slot(read.rec), drafts=self.drafts,
-                             renamed=self.renamed)
+                             renamed=self.renamed, explain=False)
         except ModelError as e:
             self.skip()
             return Looped(None, f"the loop needs the draft model: {e}")

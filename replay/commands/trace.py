@@ -23,7 +23,7 @@ from replay.comparison.trace import (
     compare_with_plan,
     drafts_differ,
     drafts_shared,
-    explain,
+    explain as why_parted,
     recorded_candidates,
 )
 from replay.errors import ModelError, located
@@ -142,15 +142,17 @@ def _trace_record(rec: Record, target: Model, flags: dict, given: tuple[int | No
 
 
 def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None = None, drafts: Drafts | None = None,
-               renamed: bool = False, spans: MessageSpans | None = None, expect: bool = False) -> TraceResult:
+               renamed: bool = False, spans: MessageSpans | None = None, expect: bool = False,
+               explain: bool = True) -> TraceResult:
     """The loop over a record already read (reading/record.py read_record), compared with it. `spans`: the
     prompt's message spans, where the caller has them (tune replays one read under many speculative settings,
-    each a copy of the read with its `spec` replaced); `expect` as in loop.Request."""
+    each a copy of the read with its `spec` replaced); `expect` as in loop.Request. `explain` False: where the
+    loop parts from the transcript, say where but not why (recover asks only whether it parts)."""
     rec, spec, settings = read.rec, read.spec, read.settings
     draft_model = _draft(drafts or Drafts(), spec, rec, renamed) if drafts_with_model(spec, read.shape.era) else None
     request = Request(read.prompt, settings, spec, settings.params.n_probs or 5,
                       message_spans(rec, target, list(read.prompt)) if spans is None else spans, read.cached,
-                      expect=expect)
+                      expect=expect, evidence=explain)
     res = run_loop(target, request, SlotConfig.of(read.context, rec.flags, read.shape.build, read.spec), shape=read.shape,
                    draft_model=draft_model, recorded=read.plan, timings=read.draft_totals, slot_state=slot_state,
                    stream=rec.stream)
@@ -158,8 +160,9 @@ def trace_read(read: ReadRecord, target: Model, *, slot_state: SlotState | None 
     if not [t for t in spec.spec_types if t != "none"] and res.server_draft_n:
         res.notes.append(f"the server drafted {res.server_draft_n} tokens, so it did speculate: pass its --spec-type")
     if res.first_divergence is not None:
-        res.server_candidates = recorded_candidates(rec, res.first_divergence)
-        res.explanation = explain(res, rec, settings, read.slots)
+        if explain:
+            res.server_candidates = recorded_candidates(rec, res.first_divergence)
+            res.explanation = why_parted(res, rec, settings, read.slots)
     elif res.reproduced is False:
         drafter = "draft model" if draft_model is not None else "MTP heads" if "draft-mtp" in spec.spec_types else None
         if drafter and read.shared:

@@ -128,7 +128,7 @@ def run_setting(prepared: Sequence[Prepared], setting: Setting, target: Model, *
         for p, read in zip(prepared, reads):
             with located(p.rec.source, p.rec.index):
                 res = trace_read(read, target, slot_state=state.slot(p.rec), drafts=drafts, renamed=renamed,
-                                 spans=p.spans, expect=True)
+                                 spans=p.spans, expect=True, explain=False)  # why it parts: `trace` says
             if setting is BASELINE and res.reproduced is not True:
                 raise _refuse(p.rec, res)
             ids = tuple(e.id for e in res.emitted)
@@ -146,7 +146,7 @@ def run_setting(prepared: Sequence[Prepared], setting: Setting, target: Model, *
                 seed = sample_seeds(read.settings.params.seed, seed_k + 1)[-1]
                 with located(p.rec.source, p.rec.index):
                     res = trace_read(_with_seed(read, seed), target, slot_state=state.slot(p.rec), drafts=drafts,
-                                     renamed=renamed, spans=p.spans)
+                                     renamed=renamed, spans=p.spans, explain=False)
                 run.samples.append(Counts(seed, res.draft_n, res.draft_n_accepted, res.work))
                 if progress:
                     progress(1)

@@ -9,7 +9,7 @@ One request on a fresh single-slot server (`-np 1`), as tools/server/server-cont
       draft    n_max = min(n_ctx - n_past - 2, n_remaining - 1)                       :517-536
                the first drafter (priority order) that returns a draft wins   speculative.cpp:2868-2956
       decode   the target decodes [sampled, d0 .. d(n-1)] with outputs on every row; the draft
-               context mirrors the batch (output on its last row)                     :4072-4084
+               context mirrors the batch (its unread output left out)                 :4072-4084
       verify   rejection if the draft is probabilistic and temp > 0 (b11434), else
                sample-and-match; then the bonus token if every draft was kept (verify.py)
       trim     KV of the positions after the accepted drafts goes, on both contexts    :4342-4348
@@ -34,7 +34,7 @@ import numpy as np
 from replay.builds.loop_shapes import Era
 from replay.errors import TranscriptError
 from replay.loop.draft_mtp import MtpHeads, check_mtp
-from replay.loop.draft_model import DraftContext, DraftSimple, compatibility
+from replay.loop.draft_model import DraftContext, DraftSimple, compatibility, mirror
 from replay.loop.drafters import Drafter, make_drafters
 from replay.loop.expectation import acceptance_prob, not_expectable
 from replay.loop.replayable import check_replayable
@@ -193,6 +193,9 @@ class Request:
     spans: MessageSpans = NO_SPANS
     cached: int | None = None
     expect: bool = False  # take each draft's acceptance probabilities (Step.accept_p, loop/expectation.py: tune)
+    # keep each emitted token's candidates and largest logits, what explaining a divergence needs
+    # (comparison/trace.py explain); recover, which only asks whether the loop parts, goes without
+    evidence: bool = True
 
 
 class SpeculativeLoop:
@@ -224,6 +227,7 @@ class SpeculativeLoop:
         self.prefix: Prefix = FRESH  # what the request kept of the slot's memory (reuse), once prefilled
         self.spans, self.cached = request.spans, request.cached
         self.expect = request.expect and not_expectable(params, settings.grammar is not None) is None
+        self.evidence = request.evidence
         self.checkpoint = SpecCheckpoint(None, None)  # taken before the latest drafted step (checkpointed targets)
         self.pending: PendingReplay | None = None
         # a replayed step re-accepts its tokens at temp > 0 from b11368 (server_accept_replay, :4263)
@@ -459,13 +463,13 @@ class SpeculativeLoop:
         return draft, drafter, q
 
     def decode(self, tokens: list[int], pos0: int) -> None:
-        """The target batch (outputs on every row) and its mirror in the draft context (last row), or the
+        """The target batch (outputs on every row) and its mirror in the draft context (no output), or the
         MTP heads' catch-up on it (loop/draft_mtp.py)."""
         self.ctx.decode(tokens, pos0, [True] * len(tokens))
         if self.memory.mtp is not None:
             self.memory.mtp.process(tokens, pos0)
         elif self.draft_ctx is not None:
-            self.draft_ctx.ctx.decode(tokens, pos0, [False] * (len(tokens) - 1) + [True])
+            mirror(self.draft_ctx.ctx, tokens, pos0)
 
     def acceptance(self, draft: list[int], q: list | None) -> list[float]:
         """a[j] for every draft position (loop/expectation.py): the target chain's p of d[j] at row j with
@@ -562,10 +566,13 @@ class SpeculativeLoop:
         `n_before` tokens were emitted before this step, which verified `n_step` (Limits.context_full)."""
         logprob, top = pre_sampling(logits, tok, self.n_probs)
         post_p, post_top = post_sampling(cands, tok, self.n_probs)
-        best = np.argpartition(logits, -BEST_KEPT)[-BEST_KEPT:] if len(logits) > BEST_KEPT else np.arange(len(logits))
+        kept, best = None, {}
+        if self.evidence:
+            kept = cands[:CANDS_KEPT].copy()
+            ids = np.argpartition(logits, -BEST_KEPT)[-BEST_KEPT:] if len(logits) > BEST_KEPT else np.arange(len(logits))
+            best = {int(i): float(logits[i]) for i in ids} | {tok: float(logits[tok])}
         self.emitted.append(Emitted(len(self.emitted), tok, step, logprob, top, post_p, post_top, draw=chosen[0],
-                                    cands=cands[:CANDS_KEPT].copy(), chosen=chosen[1],
-                                    best_logits={int(i): float(logits[i]) for i in best} | {tok: float(logits[tok])}))
+                                    cands=kept, chosen=chosen[1], best_logits=best))
         self.text += self.target.piece(tok, special=False)
         lim = self.limits
         # the server looks for stop strings only while the text ends in a whole UTF-8 character, in its

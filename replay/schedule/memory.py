@@ -250,8 +250,8 @@ class SlotMemory:
             self.ctx.decode(part, b.start, outs)
             if self.mtp is not None:  # MTP heads catch up on every target batch (loop/draft_mtp.py)
                 self.mtp.process(part, b.start)
-            elif self.draft is not None:  # the mirror's output is on its last row (common/speculative.cpp:304-348)
-                self.draft.decode(part, b.start, [False] * (len(part) - 1) + [True])
+            elif self.draft is not None:  # the draft context mirrors the batch (loop/draft_model.py mirror)
+                self.draft.decode(part, b.start, [False] * len(part))
             batches.append(b)
             start = b.end
         if output_last:

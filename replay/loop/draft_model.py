@@ -31,6 +31,7 @@ from replay.builds.loop_shapes import Era
 from replay.loop.state import SlotState
 from replay.numerics.rng import DRAFT_SEED_XOR
 from replay.runtime.binding import L
+from replay.runtime.gguf import vocab_digest
 from replay.runtime.llama import Context, Model
 from replay.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerChain, SamplingParams
 
@@ -42,7 +43,8 @@ VOCAB_CHECK_START_TOKEN_ID = 5  # common/speculative.cpp:31
 def compatibility(target: Model, draft: Model) -> str | None:
     """Why the server would refuse `draft` as the target's draft model, or None
     (common_speculative_are_compatible, common/speculative.cpp:106-174). Asked once per pair of loaded
-    models: on a 262k vocabulary the comparison reads every token's text of both (0.25 s a record)."""
+    models: on a 262k vocabulary the comparison reads every token's text of both (0.25 s), unless the two
+    files' token-text arrays are the same bytes (runtime/gguf.py vocab_digest)."""
     known = target.__dict__.setdefault("_drafts_judged", weakref.WeakKeyDictionary())
     if draft not in known:
         known[draft] = _compatibility(target, draft)
@@ -59,6 +61,9 @@ def _compatibility(target: Model, draft: Model) -> str | None:
             return f"the draft's {name} token differs from the target's"
     if abs(target.n_vocab - draft.n_vocab) > VOCAB_MAX_SIZE_DIFFERENCE:
         return f"the vocabulary sizes differ by more than {VOCAB_MAX_SIZE_DIFFERENCE} ({target.n_vocab} vs {draft.n_vocab})"
+    digest = vocab_digest(target.path)
+    if digest is not None and digest == vocab_digest(draft.path):
+        return None  # the files hold the same text for every token id (libllama loads each as it is stored)
     for i in range(VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
         if L.llama_vocab_get_text(tv, i) != L.llama_vocab_get_text(dv, i):
             return f"token {i} differs between the draft's vocabulary and the target's"

@@ -5,18 +5,22 @@ with its message only in its log. This walks the GGUF header (gguf-py's layout: 
 version, tensor count, metadata key/values, tensor infos; docs/gguf.md in llama.cpp)
 without materialising any value, computes where the last tensor's data ends (block sizes
 from `gguf.GGML_QUANT_SIZES`, data aligned to `general.alignment`, default 32) and compares
-that with the file size. Gemma 3's 262k-token vocabulary is skipped in ~0.1 s.
+that with the file size. Gemma 3's 262k-token vocabulary is skipped in ~0.03 s. The walk is made once per
+file version and process, and keeps what other questions about the file need: its tensor names and a
+digest of its vocabulary's token texts (`vocab_digest`).
 """
 from __future__ import annotations
 
-import functools
+import hashlib
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from replay.errors import ModelError
 
 MAGIC = b"GGUF"
+TOKENS_KEY = b"tokenizer.ggml.tokens"  # every token's text, by id (gguf-py Keys.Tokenizer.LIST)
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # type -> bytes
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 _U64 = struct.Struct("<Q")
@@ -79,8 +83,9 @@ class _Reader:
             raise _Corrupt(f"unknown metadata value type {vtype}")
 
 
-def _header(buf) -> tuple[_Reader, int, int]:
-    """(a reader at the first tensor info, the tensor count, the data alignment) of GGUF bytes `buf`."""
+def _header(buf) -> tuple[_Reader, int, int, tuple[int, int] | None]:
+    """(a reader at the first tensor info, the tensor count, the data alignment, where the token texts'
+    array value lies in `buf`: (start, end), or None) of GGUF bytes `buf`."""
     r = _Reader(buf)
     if bytes(buf[r.take(4):4]) != MAGIC:
         raise _Corrupt("not a GGUF file")
@@ -90,7 +95,7 @@ def _header(buf) -> tuple[_Reader, int, int]:
     n_tensors, n_kv = r.u64(), r.u64()
     if n_tensors == 0 or n_tensors > 1_000_000 or n_kv > 1_000_000:
         raise _Corrupt(f"implausible header ({n_tensors} tensors, {n_kv} metadata keys)")
-    alignment = 32
+    alignment, tokens = 32, None
     for _ in range(n_kv):
         key = r.string()
         vtype = r.u32()
@@ -99,8 +104,11 @@ def _header(buf) -> tuple[_Reader, int, int]:
             if alignment == 0 or alignment & (alignment - 1):
                 raise _Corrupt(f"general.alignment {alignment} is not a power of two")
         else:
+            start = r.off
             r.skip_value(vtype)
-    return r, n_tensors, alignment
+            if key == TOKENS_KEY and vtype == _ARRAY:
+                tokens = (start, r.off)
+    return r, n_tensors, alignment, tokens
 
 
 def _tensor_infos(r: _Reader, n_tensors: int):
@@ -117,37 +125,51 @@ def _tensor_infos(r: _Reader, n_tensors: int):
         yield name, n, ttype, offset
 
 
-def data_end(buf) -> int:
-    """Where the last tensor's data ends, by the header of GGUF bytes `buf`."""
+@dataclass(frozen=True)
+class Summary:
+    """What one walk of a GGUF header tells: where its last tensor's data ends, its tensor names, and
+    a digest of its token texts' array (type, count and every text; None without one)."""
+
+    data_end: int
+    names: frozenset[str]
+    vocab: bytes | None
+
+
+def summary_of(buf) -> Summary:
+    """The Summary of GGUF bytes `buf` (raises _Corrupt)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    r, n_tensors, alignment = _header(buf)
-    end = 0
+    r, n_tensors, alignment, tokens = _header(buf)
+    end, names = 0, []
     for name, n, ttype, offset in _tensor_infos(r, n_tensors):
         try:
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
         except (ValueError, KeyError):
             raise _Corrupt(f"tensor {name[:64]!r} has unknown type {ttype}") from None
         end = max(end, offset + n // block * size)
+        names.append(name.decode("utf-8", "replace"))
     start = (r.off + alignment - 1) // alignment * alignment
-    return start + end
+    vocab = hashlib.blake2b(buf[tokens[0]:tokens[1]], digest_size=32).digest() if tokens else None
+    return Summary(start + end, frozenset(names), vocab)
 
 
 def tensor_names(path: Path | str) -> frozenset[str]:
-    """The names of a (checked: check_gguf) GGUF file's tensors, read from its header alone, once per
-    file version and process."""
+    """The names of a GGUF file's tensors (checked: check_gguf), read from its header alone."""
+    return _summary(path).names
+
+
+def vocab_digest(path: Path | str) -> bytes | None:
+    """A digest of a GGUF file's token texts (tokenizer.ggml.tokens: their count and every text, by id), or
+    None where it has none: two files with the same digest hold the same text for every token id."""
+    return _summary(path).vocab
+
+
+_SUMMARIES: dict[tuple[str, int, int], Summary] = {}  # (path, size, mtime) found complete in this process
+
+
+def _summary(path: Path | str) -> Summary:
     p = check_gguf(path)
     st = p.stat()
-    return _tensor_names(str(p.resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=16)
-def _tensor_names(path: str, size: int, mtime_ns: int) -> frozenset[str]:
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        r, n_tensors, _ = _header(mm)
-        return frozenset(name.decode("utf-8", "replace") for name, *_ in _tensor_infos(r, n_tensors))
-
-
-_CHECKED: set[tuple[str, int, int]] = set()  # (path, size, mtime) found complete in this process
+    return _SUMMARIES[(str(p.resolve()), st.st_size, st.st_mtime_ns)]
 
 
 def check_gguf(path: Path | str) -> Path:
@@ -157,7 +179,7 @@ def check_gguf(path: Path | str) -> Path:
         raise ModelError(f"model file not found: {p}")
     st = p.stat()
     size, key = st.st_size, (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key in _CHECKED:
+    if key in _SUMMARIES:
         return p
     if size < 24:
         raise ModelError(f"{p} is not a GGUF file ({size} bytes)")
@@ -165,12 +187,12 @@ def check_gguf(path: Path | str) -> Path:
         with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             if mm[:4] != MAGIC:
                 raise ModelError(f"{p} is not a GGUF file (magic {bytes(mm[:4])!r})")
-            need = data_end(mm)
+            summary = summary_of(mm)
     except _Corrupt as e:
         raise ModelError(f"{p} is truncated or corrupt: {e}") from e
     except OSError as e:
         raise ModelError(f"cannot read {p}: {e.strerror or e}") from e
-    if need > size:
-        raise ModelError(f"{p} is truncated: its tensors need {need} bytes, the file has {size}")
-    _CHECKED.add(key)
+    if summary.data_end > size:
+        raise ModelError(f"{p} is truncated: its tensors need {summary.data_end} bytes, the file has {size}")
+    _SUMMARIES[key] = summary
     return p

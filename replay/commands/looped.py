@@ -54,9 +54,9 @@ class LoopValues:
     unless it continues what earlier records left (the prompt cache, an n-gram table): that one is not
     looped."""
 
-    def __init__(self, target: Model, model_params: dict, n_parallel: int | None, renamed: bool = False):
+    def __init__(self, target: Model, drafts: Drafts, n_parallel: int | None, renamed: bool = False):
         self.target = target
-        self.drafts = Drafts(model_params)
+        self.drafts = drafts
         self.n_parallel = n_parallel
         self.renamed = renamed
         self._state: ServerState | None = None

@@ -27,7 +27,8 @@ from replay.comparison.values import (
     server_values,
 )
 from replay.commands.looped import LoopValues
-from replay.errors import Unaligned, located
+from replay.commands.trace import Drafts
+from replay.errors import SpecReplayError, Unaligned, located
 from replay.evaluation.threads import matching_threads
 from replay.evaluation.walk import PieceIndex, Truth, truths
 from replay.numerics.server_probs import pre_sampling
@@ -38,12 +39,13 @@ from replay.report.repair import Outcome, repair_record, serialise
 from replay.runtime.backend import kernels_differ, replay_backend, server_backend
 from replay.runtime.binding import library_in_use
 from replay.runtime.engine import KernelChoice
+from replay.runtime.gguf import windowed_or_recurrent
 from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
 from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv, tiled_verify
-from replay.settings import BY_ATTR, longest_draft
+from replay.settings import BY_ATTR, longest_draft, resolve
 from replay.settings.config import GIVEN_HERE
 from replay.tokens.prompt_ids import message_spans
 from replay.transcripts.entries import drafted, n_generated, n_prompt_cached
@@ -125,6 +127,10 @@ class Recoverer:
         self.shared = shared_evidence(records, self.flags, self.options.shared_batches)
         self._records = list(records)
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
+        self._drafts = Drafts(model_params(self.flags))  # the loop's draft models (commands/looped.py)
+        if not isinstance(model, Model) and not self.options.only_entries:
+            for path in _loop_drafts(model, self._records, self.flags):
+                self._drafts.prefetch(path)  # loads beside the target
         self.model = model if isinstance(model, Model) else Model(model, n_gpu_layers=self.backend.n_gpu_layers,
                                                                   **model_params(self.flags))
         self._slot: SlotMemory | None = None
@@ -486,7 +492,7 @@ class Recoverer:
 
     def _loop_values(self) -> LoopValues:
         if self._loop is None:
-            self._loop = LoopValues(self.model, model_params(self.flags), self.flags.get("n_parallel"),
+            self._loop = LoopValues(self.model, self._drafts, self.flags.get("n_parallel"),
                                     renamed=self.options.renamed_model)
         return self._loop
 
@@ -521,6 +527,27 @@ def result_of(records: list[Record], done: list[Recovered], original: str) -> Re
     if complete and res.failure() is None:  # nothing is written for a transcript judged wrong as a whole
         res.repaired = serialise(records, [d.container for d in done], original)
     return res
+
+
+def _loop_drafts(model: Path | str, records: Sequence[Record], flags: dict) -> list[str]:
+    """The draft model files the loop will likely need, to start loading them beside the target: those of
+    records that draft with one (draft-simple, -md or the recorded --spec-draft-model, a file here) on a
+    target whose memory cannot drop a suffix (runtime/gguf.py windowed_or_recurrent: the loop runs past 256
+    positions). A hint: a file it misses loads when the loop asks, one it names is only loaded early."""
+    try:
+        if not windowed_or_recurrent(model):
+            return []
+    except SpecReplayError:
+        return []  # the target's own load says what is wrong with it
+    out = []
+    for rec in records:
+        try:
+            spec = resolve("speculative", flags=flags, recorded=rec.flags, props=rec.props)
+        except SpecReplayError:
+            continue
+        if spec.draft_model and "draft-simple" in spec.spec_types and Path(spec.draft_model).is_file():
+            out.append(str(spec.draft_model))
+    return list(dict.fromkeys(out))
 
 
 def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,

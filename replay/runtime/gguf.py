@@ -83,9 +83,9 @@ class _Reader:
             raise _Corrupt(f"unknown metadata value type {vtype}")
 
 
-def _header(buf) -> tuple[_Reader, int, int, tuple[int, int] | None]:
+def _header(buf) -> tuple[_Reader, int, int, tuple[int, int] | None, frozenset[str]]:
     """(a reader at the first tensor info, the tensor count, the data alignment, where the token texts'
-    array value lies in `buf`: (start, end), or None) of GGUF bytes `buf`."""
+    array value lies in `buf`: (start, end), or None, the metadata keys) of GGUF bytes `buf`."""
     r = _Reader(buf)
     if bytes(buf[r.take(4):4]) != MAGIC:
         raise _Corrupt("not a GGUF file")
@@ -96,8 +96,10 @@ def _header(buf) -> tuple[_Reader, int, int, tuple[int, int] | None]:
     if n_tensors == 0 or n_tensors > 1_000_000 or n_kv > 1_000_000:
         raise _Corrupt(f"implausible header ({n_tensors} tensors, {n_kv} metadata keys)")
     alignment, tokens = 32, None
+    keys = []
     for _ in range(n_kv):
         key = r.string()
+        keys.append(key.decode("utf-8", "replace"))
         vtype = r.u32()
         if key == b"general.alignment" and vtype == _UINT32:
             alignment = r.u32()
@@ -108,7 +110,7 @@ def _header(buf) -> tuple[_Reader, int, int, tuple[int, int] | None]:
             r.skip_value(vtype)
             if key == TOKENS_KEY and vtype == _ARRAY:
                 tokens = (start, r.off)
-    return r, n_tensors, alignment, tokens
+    return r, n_tensors, alignment, tokens, frozenset(keys)
 
 
 def _tensor_infos(r: _Reader, n_tensors: int):
@@ -127,18 +129,19 @@ def _tensor_infos(r: _Reader, n_tensors: int):
 
 @dataclass(frozen=True)
 class Summary:
-    """What one walk of a GGUF header tells: where its last tensor's data ends, its tensor names, and
-    a digest of its token texts' array (type, count and every text; None without one)."""
+    """What one walk of a GGUF header tells: where its last tensor's data ends, its tensor names, a
+    digest of its token texts' array (type, count and every text; None without one), its metadata keys."""
 
     data_end: int
     names: frozenset[str]
     vocab: bytes | None
+    keys: frozenset[str] = frozenset()
 
 
 def summary_of(buf) -> Summary:
     """The Summary of GGUF bytes `buf` (raises _Corrupt)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    r, n_tensors, alignment, tokens = _header(buf)
+    r, n_tensors, alignment, tokens, keys = _header(buf)
     end, names = 0, []
     for name, n, ttype, offset in _tensor_infos(r, n_tensors):
         try:
@@ -149,7 +152,7 @@ def summary_of(buf) -> Summary:
         names.append(name.decode("utf-8", "replace"))
     start = (r.off + alignment - 1) // alignment * alignment
     vocab = hashlib.blake2b(buf[tokens[0]:tokens[1]], digest_size=32).digest() if tokens else None
-    return Summary(start + end, frozenset(names), vocab)
+    return Summary(start + end, frozenset(names), vocab, keys)
 
 
 def tensor_names(path: Path | str) -> frozenset[str]:
@@ -161,6 +164,24 @@ def vocab_digest(path: Path | str) -> bytes | None:
     """A digest of a GGUF file's token texts (tokenizer.ggml.tokens: their count and every text, by id), or
     None where it has none: two files with the same digest hold the same text for every token id."""
     return _summary(path).vocab
+
+
+# metadata keys of layers whose memory keeps more than a position's K and V (llama-arch.cpp LLM_KV_*):
+# a sliding window, a recurrent state (Mamba's ssm, RWKV's wkv, LFM2's short convolution)
+_WINDOW_OR_STATE = (".attention.sliding_window", ".ssm.", ".wkv.", ".shortconv.")
+
+
+def windowed_or_recurrent(path: Path | str) -> bool:
+    """Does the model have sliding-window attention or recurrent layers, by its metadata keys? Such a
+    memory cannot drop a suffix, so a speculating server checkpoints it and a replay of its values runs
+    the server's loop (commands/looped.py). A hint, read from the header alone, for starting to load a
+    draft model early: the loop itself asks the context.
+
+    >>> from replay.paths import FIXTURES
+    >>> windowed_or_recurrent(FIXTURES / "tiny-gemma3-target.gguf"), windowed_or_recurrent(FIXTURES / "tiny-target.gguf")
+    (True, False)
+    """
+    return any(part in k for k in _summary(path).keys for part in _WINDOW_OR_STATE)
 
 
 _SUMMARIES: dict[tuple[str, int, int], Summary] = {}  # (path, size, mtime) found complete in this process

@@ -14,9 +14,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,11 +33,17 @@ _verbose = bool(os.environ.get("SPEC_REPLAY_VERBOSE"))
 
 
 _sinks: list = []  # callables given each line libllama logs (add_log_sink), besides stderr with -v
+# a thread's own capture of the lines libllama logs from it (a model's load log: two models may load at once)
+_captures: dict[int, Callable[[str], None]] = {}
 
 
 def _log(level, text, user_data):  # pragma: no cover - C callback
+    line = text.decode("utf-8", "replace")
     for sink in _sinks:
-        sink(text.decode("utf-8", "replace"))
+        sink(line)
+    mine = _captures.get(threading.get_ident())
+    if mine is not None:
+        mine(line)
     if _verbose:
         try:
             os.write(2, text)
@@ -134,11 +141,12 @@ class Model(_Owner):
             params.load_mtp = True
         self.use_extra_bufts, self.no_host = use_extra_bufts, no_host
         lines: list[str] = []
-        _sinks.append(lines.append)
+        me = threading.get_ident()
+        _captures[me] = lines.append
         try:
             ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         finally:
-            _sinks.remove(lines.append)
+            del _captures[me]
         # the extra buffer types its weights took (libllama's "load_tensors: CPU_REPACK model buffer size"):
         # none means the model computes as with --no-repack
         self.buffers = extra_buffers(lines)

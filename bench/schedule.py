@@ -20,7 +20,8 @@ recorded with `record`. The same records are then recovered, each measurement in
 Each recover time is the whole `replay.recover()` call: the model loaded, the contexts made, every
 record replayed and written. The server's is its own `timings.prompt_ms + predicted_ms` summed over the
 records (model load not counted), and beside it its start-up (the process started to /health ready, both
-models loaded): what regenerating the records would add. "records 2-3" is what each record after the
+models loaded): what regenerating the records would add; the server is run again between the replays
+(a fresh process, the same requests), the fastest of its runs kept as the replays' are. "records 2-3" is what each record after the
 first adds: recover of the file less recover of its first record alone, against the server's time for
 records 2 and 3 (a run's fixed cost, loading the models and the process, is the first record's). Timed
 runs are measured alternately, twice, the fastest kept.
@@ -110,22 +111,33 @@ def _max_diff(a: Path, b: Path) -> tuple[float, int]:
     return worst, over
 
 
-def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, temp: float, tmp: Path) -> list:
-    transcript = tmp / f"{name}.jsonl"
+def _serve(cfg: ServerConfig, binary: Path, temp: float) -> tuple[list[dict], float, float, float]:
+    """The requests sent in turn to a fresh server: (its records, its start-up to /health ready, its own
+    prompt + generation time over them, that time for records 2 and 3)."""
     records = []
     t0 = time.perf_counter()
     with LlamaServer(cfg, binary=binary) as srv:
         startup = time.perf_counter() - t0  # to /health ready: loading both models, what regenerating adds
         for item in _requests(temp):
             records.append(record_one(srv.url, item, srv.config.flags_block()))
+    each = [sum((final_response(r) or {}).get("timings", {}).get(k, 0) for k in ("prompt_ms", "predicted_ms")) / 1000
+            for r in records]
+    return records, startup, sum(each), sum(each[1:])
+
+
+def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, temp: float, tmp: Path) -> list:
+    transcript = tmp / f"{name}.jsonl"
+    records, startup, server_s, server_later = _serve(cfg, binary, temp)
     transcript.write_text("".join(dumps(r, indent=None) + "\n" for r in records))
     timings = [(final_response(r) or {}).get("timings", {}) for r in records]
-    server_s = sum(t.get("prompt_ms", 0) + t.get("predicted_ms", 0) for t in timings) / 1000
     n_prompt = [t.get("prompt_n", 0) for t in timings]
     first_only = tmp / f"{name}.first.jsonl"  # the first record alone: what a run costs before its second
     first_only.write_text(transcript.read_text().splitlines()[0] + "\n")
     best: dict[str, dict] = {}
-    for _ in range(REPS):
+    for rep in range(REPS):
+        if rep:  # the server again, between the replays, on a fresh process: the host's pace moves between runs
+            _, up, total, later = _serve(cfg, binary, temp)
+            startup, server_s, server_later = min(startup, up), min(server_s, total), min(server_later, later)
         for mode, src in (("server", transcript), ("one-token", transcript), ("first", first_only)):
             out = tmp / f"{name}.{mode}.out.jsonl"
             got = _measure("server" if mode == "first" else mode, src, model, cpu, out)
@@ -137,9 +149,7 @@ def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, 
     probe_same = sum(_max_diff(tmp / f"{name}.server.out.jsonl", tmp / f"{name}.{m}.out.jsonl")[0] > 0
                      for m in ("probe-off", "probe-first"))
     rec, one = best["server"]["seconds"], best["one-token"]["seconds"]
-    # each record after the first: recover's added time against the server's own time for those records
-    further = (rec - best["first"]["seconds"]) / (server_s - (timings[0].get("prompt_ms", 0)
-                                                              + timings[0].get("predicted_ms", 0)) / 1000)
+    further = (rec - best["first"]["seconds"]) / server_later  # what each record after the first adds
     off, first = best["probe-off"]["seconds"], best["probe-first"]["seconds"]
     return [name, f"{min(n_prompt)}-{max(n_prompt)}", f"{server_s:.1f}", f"{rec:.1f}", f"{rec / server_s:.2f}",
             f"{further:.2f}", f"{startup:.1f}", f"{rec / (server_s + startup):.2f}",

@@ -14,7 +14,6 @@ import pytest
 
 from replay.loop.draft_model import mirror
 from replay.paths import FIXTURES
-from replay.runtime.binding import L
 from replay.runtime.llama import Context, Model
 
 DRAFT = FIXTURES / "tiny-gemma3-q4_0-draft.gguf"
@@ -24,6 +23,7 @@ STEPS = [[11, 12, 13, 14], [21, 22], [31, 32, 33, 34, 35], [41]]  # verify batch
 
 def _state(ctx: Context) -> bytes:
     """Sequence 0's whole state (every layer's cells, full-attention and sliding-window)."""
+    from replay.runtime.binding import L  # (not at module level: pytest's collection would load libllama)
     n = int(L.llama_state_seq_get_size(ctx.ptr, 0))
     buf = (ctypes.c_ubyte * n)()
     assert int(L.llama_state_seq_get_data(ctx.ptr, buf, n, 0)) == n

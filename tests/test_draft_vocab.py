@@ -11,7 +11,6 @@ import pytest
 import replay.loop.draft_model as draft_model
 from replay.loop.draft_model import compatibility
 from replay.paths import FIXTURES
-from replay.runtime.binding import L
 from replay.runtime.gguf import vocab_digest
 from replay.runtime.llama import Model
 
@@ -27,6 +26,7 @@ def target():
 
 def _one_text_changed(target: Model, token: int, path) -> None:
     """A copy of the target whose token `token` reads otherwise (one byte of its text, same length)."""
+    from replay.runtime.binding import L  # (not at module level: pytest's collection would load libllama)
     raw = TARGET.read_bytes()
     text = L.llama_vocab_get_text(target.vocab, token)
     needle = struct.pack("<Q", len(text)) + text

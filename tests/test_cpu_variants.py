@@ -149,6 +149,7 @@ def test_one_record_tries_the_best_class_on_itself_and_probes_only_where_its_fir
         return p, out
     first, _ = run(learn)
     assert "tried first" not in first.stderr  # nothing known yet: the classes are learnt, the best probed
+    assert "first learning which candidates compute alike on this model" in first.stderr, first.stderr  # said once
     p, out = run(best["src"])
     tried = [line for line in p.stderr.splitlines() if "tried first" in line]
     if not tried:
@@ -159,6 +160,7 @@ def test_one_record_tries_the_best_class_on_itself_and_probes_only_where_its_fir
     p, out = run(x64["src"])
     assert f"the {host_variants[0]} kernels tried first do not reproduce record 1's first entry" in p.stderr, p.stderr
     assert "evaluating the first entry" in p.stderr  # then probed, in a fresh process
+    assert "first learning" not in p.stderr  # on the classes learnt before
     worst, n = max_value_diff(json.loads(out.read_text()), x64["plain"])
     assert n >= 10 and worst <= TOL, (worst, n)
     print(f"\n{tried[0]}; an x64 record started again: {[x for x in p.stderr.splitlines() if 'kernels:' in x][-1]}")

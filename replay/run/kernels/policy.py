@@ -22,7 +22,13 @@ from replay.run.inputs import Inputs
 from replay.run.kernels.cache import default_cache
 from replay.run.kernels.choice import EXACT, choose_variant, records_named, witnesses
 from replay.run.kernels.classes import SIGNATURE_CONTEXT
-from replay.run.kernels.processes import Settling, best_settles, probe_variants, start_probe_server
+from replay.run.kernels.processes import (
+    Settling,
+    best_settles,
+    classes_known,
+    probe_variants,
+    start_probe_server,
+)
 from replay.run.kernels.types import Candidate, Probe, ProbeJob
 from replay.runtime import binding, health
 from replay.runtime.engine import KernelChoice, Tried
@@ -189,8 +195,11 @@ def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], cr
                                  else f"error: {p.error}"))
     rec = records[ks[0]]
     ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
-    probes = probe_variants(candidates, job, ks, progress=said, until_exact=EXACT, cache=default_cache(),
-                            context={a: getattr(ctx, a) for a in SIGNATURE_CONTEXT})
+    cache, context = default_cache(), {a: getattr(ctx, a) for a in SIGNATURE_CONTEXT}
+    if not classes_known(candidates, job, ks[0], cache, context):
+        say(f"kernels: first learning which candidates compute alike on this model, from their kernel "
+            f"signatures, once per model, library and context settings (kept in {cache.root})")
+    probes = probe_variants(candidates, job, ks, progress=said, until_exact=EXACT, cache=cache, context=context)
     try:
         choice = choose_variant(probes, shared=shared, not_runnable=beyond, witnesses=ks, tolerance=options.tolerance,
                                 allow_nearest="--server-backend" if options.server_backend else None,

@@ -371,6 +371,18 @@ def best_settles(candidates: Sequence[Candidate], job: ProbeJob, index: int, cac
     return Settling(lead, key, same, tuple(c.label for c in rest), why)
 
 
+def classes_known(candidates: Sequence[Candidate], job: ProbeJob, index: int, cache: ProbeCache,
+                  context: dict) -> bool:
+    """Are the vector candidates' kernel classes known (cache), so that probing need not learn them first
+    from every candidate's kernel signature (a process per variant: tens of seconds on a 262k
+    vocabulary, once per model, library and kernel-choosing context settings)?"""
+    fast = [c for c in candidates if vectorised(c.variant)]
+    if cache.root is None or not fast:
+        return True  # nothing is learnt: with the cache off every candidate is probed
+    prober = _Prober(job, [index], until_exact=EXACT, cache=cache, context=context)
+    return classes(fast, lambda c: cache.klass(prober.class_key(c))) is not None
+
+
 def _grouped(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
              learn: Sequence[Candidate] = ()) -> list[list[Candidate]] | None:
     """`cands`' classes, known, else learnt from the kernel signatures of `cands` and of `learn` with them

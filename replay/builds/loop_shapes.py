@@ -142,22 +142,23 @@ def build_of(build_info: str | None) -> int | None:
     return int(m.group(1))
 
 
-def shape_for(*, build: int | None = None, build_info: str | None = None, source: Path | None = None) -> Shape:
+def shape_for(*, build: int | None = None, build_info: str | None = None, source: Path | None = None,
+              build_why: str | None = None) -> Shape:
     """The loop shape: from a checkout (`source`), else an explicit build number (`build`, --build), else
     the transcript's build_info; unknown builds get the newest shape with a warning. A build older than
     every known shape, or a checkout of no known shape, is a TranscriptError: the run cannot be replayed."""
     try:
-        return _shape_for(build, build_info, source)
+        return _shape_for(build, build_info, source, build_why)
     except ValueError as e:
         raise TranscriptError(str(e)) from None
 
 
-def _shape_for(build: int | None, build_info: str | None, source: Path | None) -> Shape:
+def _shape_for(build: int | None, build_info: str | None, source: Path | None, build_why: str | None = None) -> Shape:
     if source is not None:
         era, why = shape_of_source(source)
         return Shape(era, None, why)
     if build is not None:
-        return _for_number(build, f"--build {build}")
+        return _for_number(build, build_why or f"--build {build}")
     n = build_of(build_info)
     if n is None:
         what = f"build_info {build_info!r}" if build_info else "no build_info"

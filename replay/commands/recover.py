@@ -61,6 +61,7 @@ class RecoverOptions:
     batch_bound: float = BATCH_BOUND  # comparison/values.py judge_numerics
     server_backend: str | None = None  # --server-backend: what the server computed on, when no flag says
     build: int | None = None  # --build N: the server's llama.cpp build, over the transcript's build_info
+    build_why: str | None = None  # why `build` where the run chose it (run/build_choice.py), not --build
     source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
     shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
@@ -310,7 +311,8 @@ class Recoverer:
     def _read(self, rec: Record) -> ReadRecord:
         """Everything later stages need from the record, read once (reading/record.py); the server's -t
         where neither the transcript nor the command line gives it and an earlier record's values told it."""
-        read = read_record(rec, self.model, self.flags, build=self.options.build, source=self.options.source,
+        read = read_record(rec, self.model, self.flags, build=self.options.build, build_why=self.options.build_why,
+                           source=self.options.source,
                            renamed=self.options.renamed_model, facts=self.facts(), piece=self.piece,
                            shared=self.shared.get(rec.index) or rec.busy_when_sent() or (
                                "--shared-batches" if self.options.shared_batches else None))

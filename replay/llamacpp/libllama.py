@@ -20,6 +20,7 @@ from replay.llamacpp.build import Binaries, BuildSpec, find_built
 from replay.runtime.binding import LibChoice, check_library, header_near, library_file
 
 BUNDLED = "llama-cpp-python's own libllama (llama.cpp 0c1e570 = b11311)"
+UNNAMED = "the transcript names no single build"  # the build is then chosen by evidence (run/build_choice.py)
 
 
 def _tree_library(source: Path) -> Path | None:
@@ -73,7 +74,7 @@ def libllama_for(*, explicit: str | None = None, source: Path | None = None, bui
                 n = numbers.pop()
                 label = f"build_info b{n}"
         if n is None:
-            return LibChoice(None, "the transcript names no single build")
+            return LibChoice(None, UNNAMED)
         if n == BUILD_0C1E570:
             return LibChoice(None, f"{label}: the binding's own build")
         lib, tree = _built_library(n)

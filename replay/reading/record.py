@@ -75,7 +75,7 @@ class ReadRecord:
 
 
 def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command: str = "recover",
-                build: int | None = None, source: Path | None = None, renamed: bool = False,
+                build: int | None = None, source: Path | None = None, renamed: bool = False, build_why: str | None = None,
                 facts: ModelFacts | None = None, piece: Piece | None = None, shared: str | None = None) -> ReadRecord:
     """Read `rec` against `model` with the server flags given on the command line (`flags`, settings
     attrs, over the transcript's). `build`/`source` (--build/--source) pick the loop shape over its
@@ -84,7 +84,7 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
     record's own. Errors: TranscriptError (cannot be replayed), ModelError (another model)."""
     piece = piece or (lambda t: model.piece(t, special=True))
     said = asked(rec)
-    shape = shape_for(build=build, source=source, build_info=rec.server_build)
+    shape = shape_for(build=build, source=source, build_info=rec.server_build, build_why=build_why)
     view = server_view(rec, said, model.path, flags, lambda p: server_tokens(model, p), model.chat_template())
     settings = request_settings(rec, said, flags=flags, model_meta=model.meta, command=command,
                                 rebuilt=view.rebuilt if view else None)

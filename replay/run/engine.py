@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from replay.commands.recover import RecoverOptions
-from replay.llamacpp.libllama import libllama_for
+from replay.llamacpp.libllama import UNNAMED, libllama_for
+from replay.run.build_choice import candidates_here, choose_build, nothing_built_line
 from replay.run.inputs import Inputs
 from replay.run.kernels.policy import choose_kernels
 from replay.runtime import binding
@@ -50,6 +51,19 @@ def choose_engine(inputs: Inputs, *, flags: dict, options: RecoverOptions | None
         say(line, warning)
     lib, kept = _libllama(inputs, libllama, options, tell)
     loaded, _ = binding.variant_in_process()
+    if lib.why == UNNAMED and not kept and not loaded:
+        cands = candidates_here()
+        if not cands:
+            tell(f"warning: {nothing_built_line()}", True)
+        else:
+            got = choose_build(inputs, cands, flags=flags, options=options, server_cpu=server_cpu, say=tell,
+                               guess=guess)
+            lib = LibChoice(got.candidate.lib.path, got.why, got.candidate.lib.header)
+            tell(f"libllama: {got.candidate.lib.path}, {got.why}" if got.decided else
+                 f"warning: build undecided: {got.why}; values are approximate (numerics.bound)", not got.decided)
+            k = got.kernels
+            return EngineChoice(lib, k.choice, k.repack, threads, kept, tuple(notes), k.tried,
+                                build=got.candidate.number, build_why=got.why, build_decided=got.decided)
     lib_dir = binding.chosen_dir() if loaded else _dir_of(lib)
     kernels = choose_kernels(inputs, lib_dir=lib_dir, flags=flags, options=options, server_cpu=server_cpu,
                              say=tell, guess=guess and not loaded)
@@ -68,7 +82,8 @@ def _libllama(inputs: Inputs, explicit: str | None, options: RecoverOptions,
         tell(f"libllama: {have or 'llama-cpp-python own'} (already loaded in this process; {choice.describe()} "
              "not used)")
         return LibChoice(have, "already loaded in this process"), True
-    tell(f"libllama: {choice.describe()}")
+    if choice.why != UNNAMED:  # else the build is chosen by evidence, and said then
+        tell(f"libllama: {choice.describe()}")
     if choice.warning:
         tell(f"warning: {choice.warning}", True)
     if choice.hint:

@@ -53,7 +53,8 @@ class RecoverSession:
         self.tried = engine.tried
         self._pending: list[Recovered] = []  # recovered on the kernels tried, before the witness decided
         self.records = inputs.records
-        self.recoverer = Recoverer(inputs.model, engine.flags(task.flags), task.options, records=self.records,
+        self.recoverer = Recoverer(inputs.model, engine.flags(task.flags), engine.options(task.options),
+                                   records=self.records,
                                    kernels=engine.kernels)
 
     def run(self, unit: Unit, emit: Emit) -> None:

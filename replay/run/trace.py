@@ -85,6 +85,8 @@ class TraceSession:
         self.target = Model(inputs.model, **model_params(self.flags))
         self.drafts = Drafts(model_params(self.flags))
         self.shared = shared_evidence(self.records, self.flags, task.shared_batches, cells=False)
+        # the build whose loop is traced: --build, else the one the engine chose by evidence (run/build_choice.py)
+        self.build = task.build if task.build is not None or task.source else engine.build
 
     def run(self, unit: Unit, emit: Emit) -> None:
         """The unit's records in order on one fresh server (ServerState)."""
@@ -93,7 +95,7 @@ class TraceSession:
             for k in unit.records:
                 emit("start", k)
                 rec = self.records[k]
-                res = trace_record(rec, self.target, flags=self.flags, build=t.build,
+                res = trace_record(rec, self.target, flags=self.flags, build=self.build,
                                    source=t.source and Path(t.source), slot_state=state.slot(rec),
                                    drafts=self.drafts, renamed=t.renamed, shared=self.shared.get(rec.index))
                 emit("done", Done(k, res.lighten() if t.light else res))
@@ -104,7 +106,7 @@ class TraceSession:
     def prompt(self, text: str) -> TraceResult:
         """The loop from scratch on a text prompt (trace --prompt: commands/trace.py trace_prompt)."""
         t = self.task
-        return trace_prompt(self.target, text, flags=self.flags, build=t.build, source=t.source and Path(t.source),
+        return trace_prompt(self.target, text, flags=self.flags, build=self.build, source=t.source and Path(t.source),
                             drafts=self.drafts)
 
     def forget(self) -> None:

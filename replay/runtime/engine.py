@@ -111,6 +111,19 @@ class EngineChoice:
     kept: bool = False
     notes: tuple[str, ...] = field(default=(), compare=False)
     tried: Tried | None = None
+    # the build chosen by evidence for a transcript that names none (run/build_choice.py): its number,
+    # the report's words, and whether evidence decided it (False: the default, values approximate)
+    build: int | None = None
+    build_why: str | None = None
+    build_decided: bool = True
+
+    def options(self, given):
+        """The recover options with the build chosen here (its loop shape) where none was given: `given`
+        itself when nothing was chosen (a RecoverOptions, replaced as a new value)."""
+        from dataclasses import replace
+        if self.build is None or given.build is not None or given.source is not None:
+            return given
+        return replace(given, build=self.build, build_why=self.build_why)
 
     def flags(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The server flags to load and decode with: `given` (settings attrs) with the chosen repack and

@@ -165,6 +165,10 @@ def _show(res: RecoverResult, as_json: bool) -> None:
     for r in res.records:
         for note in r.notes:
             click.echo(f"note: {r.source}, record {r.record}: {note}")
+    for r in res.records:
+        approx = r.approximation() if r.recovered else None
+        if approx is not None and approx[0] is not None:
+            click.echo(f"approximate: {r.source}, record {r.record}: within {approx[0]:.3g} nats ({approx[1]})", err=True)
 
 
 def _write(res: RecoverResult, outputs: Outputs, force: bool) -> None:

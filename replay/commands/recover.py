@@ -62,6 +62,7 @@ class RecoverOptions:
     server_backend: str | None = None  # --server-backend: what the server computed on, when no flag says
     build: int | None = None  # --build N: the server's llama.cpp build, over the transcript's build_info
     build_why: str | None = None  # why `build` where the run chose it (run/build_choice.py), not --build
+    build_decided: bool = True  # False: no evidence told the build (the default replayed; values approximate)
     source: Path | None = None  # --source DIR: the server's llama.cpp checkout (its loop shape)
     reuse_prefix: bool = True  # keep KV of a prompt prefix shared with the previous record, where exact
     shared_batches: bool = False  # --shared-batches: the user says the server batched these requests with others
@@ -298,6 +299,7 @@ class Recoverer:
             kernels=kernels, cpu=cpu.to_json() if cpu is not None else None, cause=cause,
             cause_kind=numerics_kind(read.shared, kernels), weighted_diff=weighted,
             first_diff=apart.first, bound=self.options.batch_bound,
+            build_undecided=None if self.options.build_decided else self.options.build_why,
             judged_by=None if not (batched or shared) else "option" if (
                 read.shared == "--shared-batches" or (read.shared or "").endswith(GIVEN_HERE + ")")
                 or (self.options.server_backend is not None
@@ -575,7 +577,9 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
     2
     >>> approximate_from([None, ALONE, BATCHED], 300, checkpoints=True, flash_attn_off=False)[0]   # past 256
     1
-    >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=True, flash_attn_off=False)
+    >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=True, flash_attn_off=False)[0]  # a rewrite batch
+    2
+    >>> approximate_from([None, ALONE, ALONE], 100, checkpoints=True, flash_attn_off=False)
     (None, '')
     >>> approximate_from([None, ALONE, ALONE], 300, checkpoints=True, flash_attn_off=True)
     (None, '')
@@ -583,7 +587,10 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
     if BATCHED not in kinds[1:]:
         return None, ""
     if checkpoints:
-        k = next((k for k in range(1, len(kinds)) if split_kv(n_prompt + k - 1)), None)
+        # past 256 positions the thread split moves any row; below it, the rewrite batch's matmuls still take
+        # other kernels than a one-row decode where the weights are repacked (measured: Gemma 3 Q4_K_M on
+        # haswell, a 30-token chat prompt, draft-simple: 0.24 nats by token 31 computed one row at a time)
+        k = next((k for k in range(1, len(kinds)) if split_kv(n_prompt + k - 1) or kinds[k] == BATCHED), None)
         if k is not None:
             return k, ("this target verifies drafts from checkpoints (its memory cannot drop a suffix), and the "
                        "server rewrote the KV of accepted tokens in batches the transcript does not show")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replay.comparison.values import (
+    APPROXIMATE_DRIFT,
     BATCH_BOUND,
     FIRST_ENTRY_BOUND,
     RECOVERED,
@@ -57,6 +58,39 @@ class RecordReport:
     identity: list[dict] = field(default_factory=list)
     model_file: str | None = None  # the -m file's name  # reading/identity.py: the model evidence compared with -m
     drafting_known: bool = True  # something (flags, generation_settings, our --spec-type) said how the server drafted
+    build_undecided: str | None = None  # why the build replayed is a default, not evidence's (run/build_choice.py)
+
+    def approximation(self) -> tuple[float | None, str] | None:
+        """Whether this record's values are approximate, as (bound, why), else None: the one place the
+        report says "approximate" (numerics.approximate, numerics.bound, numerics.approximate_why). The
+        bound holds by construction: the spread of the kernel classes no evidence told apart (run/kernels/
+        processes.py value_spread), the equal kernels' decode spread, the judged bound of shared batches
+        or other numerics (comparison/values.py), or the drift real entries were held to (APPROXIMATE_DRIFT).
+        None as the bound: none could be measured (the exit code says so: Exit.APPROXIMATE).
+
+        >>> RecordReport("f", 1, "/completion", False, "logprob", 1).approximation() is None
+        True
+        >>> RecordReport("f", 1, "/completion", False, "logprob", 1, cpu={"how": "default", "bounds": {"1": 0.03},
+        ...     "why": "no real entry"}).approximation()
+        (0.03, 'the CPU kernels are undecided (no real entry): the bound is how far the kernel classes left open compute it apart')
+        """
+        cpu = self.cpu or {}
+        if cpu.get("how") in ("default", "unknown") and cpu.get("bounds"):
+            build = f"; the build is the default, not evidence's ({self.build_undecided})" if self.build_undecided else ""
+            return (cpu["bounds"].get(str(self.record)),
+                    f"the CPU kernels are undecided ({cpu.get('why')}): the bound is how far the kernel classes "
+                    f"left open compute it apart{build}")
+        if self.build_undecided:
+            return None, f"the build is undecided ({self.build_undecided})"
+        if self.batched or self.shared:
+            return self.bound, f"judged within the bound of {self.cause or 'shared batches'}"
+        approx = (self.schedule or {}).get("approximate_from")
+        if approx is not None:
+            return APPROXIMATE_DRIFT, (f"values from token {approx} on come from batches this replay does not "
+                                       "reproduce; real entries held within the drift")
+        if cpu.get("how") == "matched" and cpu.get("decode_spread"):
+            return cpu["decode_spread"], "kernels equal on the first entry decode the tokens after it apart"
+        return None
 
     def summary(self) -> dict[str, Any]:
         counts = {s: 0 for s in STATUSES}
@@ -81,10 +115,13 @@ class RecordReport:
         return self.error is None and all(t.status in RECOVERED for t in self.tokens)
 
     def _judgement(self) -> dict:
-        """numerics' cause, why, judged_by and bound: set where the values were judged or the batches shared."""
+        """numerics' cause, why and judged_by (where the values were judged or the batches shared), and
+        whether they are approximate, within what bound and why (approximation)."""
         said = self.batched or self.shared
+        approx = self.approximation()
         return {"cause": self.cause_kind if said else None, "why": self.cause if said else None,
-                "judged_by": self.judged_by if said else None, "bound": self.bound if said else None}
+                "judged_by": self.judged_by if said else None, "approximate": approx is not None,
+                "bound": approx[0] if approx else None, "approximate_why": approx[1] if approx else None}
 
     def to_json(self) -> dict:
         d = {"source": self.source, "record": self.record, "endpoint": self.endpoint, "stream": self.stream,
@@ -165,6 +202,13 @@ class RecoverResult:
         for r in self.records:
             if r.error:
                 line = f"{r.source}, record {r.record}: {r.error}"
+                return line, line
+        for r in self.records:
+            approx = r.approximation() if r.recovered else None
+            if approx is not None and approx[0] is None:
+                line = (f"{r.source}, record {r.record}: its values are approximate and no bound could be measured "
+                        f"({approx[1]}): give --server-cpu with the server machine's CPU (its model name, /proc/cpuinfo "
+                        "flags line or llama-server's system_info line) and --build N")
                 return line, line
         bad = [(r, t) for r in self.records for t in r.tokens if t.status in ("mismatch", "unaligned")]
         if not bad:

@@ -38,6 +38,18 @@ class KernelChoice:
     crashes: tuple[str, ...] = ()  # the variants that crash on this host, as runtime/health.py says it
     unprobed: tuple[str, ...] = ()  # candidates not probed: the evidence made them needless (`why_unprobed`)
     why_unprobed: str | None = None
+    # (record, bound): where nothing told the kernels ("default", "unknown"), the largest difference between
+    # the values the remaining classes compute for each record (run/kernels/processes.py value_spread)
+    bounds: tuple[tuple[int, float | None], ...] = ()
+
+    def bound_of(self, record: int) -> float | None:
+        """The bound on record `record`'s (0-based) values from the kernels left open, None where none was
+        measured.
+
+        >>> KernelChoice("zen4", "default", bounds=((0, 0.02), (1, None))).bound_of(0)
+        0.02
+        """
+        return dict(self.bounds).get(record)
 
     def describe(self) -> str:
         """The report's line.
@@ -82,6 +94,7 @@ class KernelChoice:
                 "equal": list(self.equal), "decode_spread": self.spread, "why": self.why,
                 "probes": {v: d for v, d in self.diffs}, "repack": self.repack, "crashes": list(self.crashes),
                 "unprobed": list(self.unprobed), "why_unprobed": self.why_unprobed,
+                "bounds": {str(k + 1): b for k, b in self.bounds},
                 "description": self.describe()}
 
 
@@ -123,7 +136,7 @@ class EngineChoice:
         from dataclasses import replace
         if self.build is None or given.build is not None or given.source is not None:
             return given
-        return replace(given, build=self.build, build_why=self.build_why)
+        return replace(given, build=self.build, build_why=self.build_why, build_decided=self.build_decided)
 
     def flags(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The server flags to load and decode with: `given` (settings attrs) with the chosen repack and

@@ -28,6 +28,7 @@ from replay.run.kernels.processes import (
     classes_known,
     probe_variants,
     start_probe_server,
+    value_spread,
 )
 from replay.run.kernels.types import Candidate, Probe, ProbeJob
 from replay.runtime import binding, health
@@ -184,8 +185,16 @@ def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], cr
     ks = witnesses(records, shared=shared is not None)
     best = candidates[0]
     if not ks:
+        # nothing tells the kernels: the values are approximate, bounded by how far the classes that remain
+        # compute each record apart (processes.py value_spread), computed here, not assumed
+        say(f"kernels: no record carries a real first entry to tell them by; computing each record under every "
+            f"class of {', '.join(c.label for c in candidates)} for the bound on its values")
+        rec = records[0]
+        ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
+        spread = value_spread(candidates, job, list(range(len(records))), default_cache(),
+                              {a: getattr(ctx, a) for a in SIGNATURE_CONTEXT})
         return KernelChoice(best.variant, "default", why="no record carries a real first entry to tell the kernels by",
-                            repack=best.repack, crashes=crashes)
+                            repack=best.repack, crashes=crashes, bounds=tuple(sorted(spread.items())))
     say(f"kernels: evaluating the first entry of {records_named(ks)} under each candidate this host runs "
         f"({', '.join(c.label for c in candidates)})")
 

@@ -98,6 +98,76 @@ def _witness(r, rec: Record, k: int, repack: bool) -> Outcome:  # pragma: no cov
                    later=max(real) if real else None)
 
 
+def _child_values(job: ProbeJob, indices: Sequence[int], variant: str,
+                  repacks: Sequence[bool]) -> list[tuple[bool, dict[int, tuple[float, ...] | None]]]:  # pragma: no cover
+    """Every value recover computes for records `indices` (each token's logprob, then its alternatives'),
+    whole records, under `variant` with each of `repacks`: what a bound over candidates that no
+    evidence tells apart is taken from (value_spread). A record that fails is None."""
+    from replay.commands.recover import Recoverer
+    from replay.runtime.binding import loaded_variant
+    out: list[tuple[bool, dict[int, tuple[float, ...] | None]]] = []
+    try:
+        if loaded_variant() != variant:
+            return [(r, {k: None for k in indices}) for r in repacks]
+    except SpecReplayError:
+        return [(r, {k: None for k in indices}) for r in repacks]
+    records = job.inputs.records
+    for repack in repacks:
+        got: dict[int, tuple[float, ...] | None] = {k: None for k in indices}
+        try:
+            r = Recoverer(job.inputs.model, {**job.flags, "no_repack": not repack}, job.options, records=records)
+        except SpecReplayError:
+            out.append((repack, got))
+            continue
+        try:
+            for k in indices:
+                try:
+                    rep = r.recover(records[k]).report
+                except SpecReplayError:
+                    continue
+                got[k] = tuple(v for t in rep.tokens for v in (t.true_logprob, *(x["logprob"] for x in t.true_top))
+                               if v is not None)
+        finally:
+            r.close()
+        out.append((repack, got))
+    return out
+
+
+def value_spread(candidates: Sequence[Candidate], job: ProbeJob, indices: Sequence[int], cache: ProbeCache | None,
+                 context: dict | None) -> dict[int, float | None]:
+    """{record: the largest difference, over every value recover computes for it, between the candidates'
+    kernel classes} (nats): the bound on a record's values when nothing in it tells the kernels apart
+    (no real entry). One representative per class (classes.py, learnt from kernel signatures where not
+    known), each in a process of its own; without classes (no cache, no signature), every candidate.
+    None for a record some class could not recover, or whose classes computed values of other shapes."""
+    cands = list(candidates)
+    prober = _Prober(job, indices, until_exact=None, cache=cache, context=context)
+    reps = cands
+    if cache is not None and cache.root is not None:
+        grouped = _grouped(prober, cands, cache)
+        if grouped is not None:
+            reps = representatives(grouped)
+    variants = list(dict.fromkeys(c.variant for c in reps))
+    at_once, share = parallel_probes(len(variants))
+    values: dict[Candidate, dict[int, tuple[float, ...] | None]] = {}
+    with cf.ThreadPoolExecutor(at_once) as pool:
+        futures = {v: pool.submit(_in_child, job.libllama, v, share, _child_values,
+                                  (job, list(indices), v, [c.repack for c in reps if c.variant == v]),
+                                  lambda v=v: [(c.repack, {k: None for k in indices}) for c in reps if c.variant == v])
+                   for v in variants}
+        for v, f in futures.items():
+            for repack, got in f.result():
+                values[Candidate(v, repack)] = got
+    out: dict[int, float | None] = {}
+    for k in indices:
+        vs = [values.get(c, {}).get(k) for c in reps]
+        if any(x is None for x in vs) or len({len(x) for x in vs}) != 1:
+            out[k] = None
+            continue
+        out[k] = max((max(col) - min(col) for col in zip(*vs)), default=0.0)
+    return out
+
+
 def _child_signatures(job: ProbeJob, index: int, variant: str,
                       repacks: Sequence[bool]) -> list[tuple[bool, Signature | None]]:  # pragma: no cover
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on

@@ -166,10 +166,11 @@ def libllama_option(fn: Callable) -> Callable:
 def server_cpu_option(fn: Callable) -> Callable:
     """--server-cpu: the CPU variant the server computed with (run/kernels/policy.py)."""
     return click.option(
-        "--server-cpu", "server_cpu", metavar="VARIANT",
-        help="the CPU variant the server computed with (x64, sse42, sandybridge, ivybridge, piledriver, haswell, "
-             "skylakex, icelake, zen4, ...: the libggml-cpu-<variant>.so a release build loaded), instead of "
-             "finding it from the transcript's first real entry; needs a release-style libllama "
+        "--server-cpu", "server_cpu", metavar="CPU",
+        help="the server machine's CPU, as you know it: a CPU variant (x64, sse42, sandybridge, ivybridge, piledriver, "
+             "haswell, skylakex, icelake, zen4, ...), its model name ('AMD EPYC 7763'), the flags line of its "
+             "/proc/cpuinfo, or llama-server's system_info log line; mapped to the libggml-cpu-<variant>.so a "
+             "release build loads there, instead of finding it from the transcript; needs a release-style libllama "
              "(spec-replay build, the default --cpu variants)")(fn)
 
 

@@ -72,14 +72,14 @@ class RecordReport:
         True
         >>> RecordReport("f", 1, "/completion", False, "logprob", 1, cpu={"how": "default", "bounds": {"1": 0.03},
         ...     "why": "no real entry"}).approximation()
-        (0.03, 'the CPU kernels are undecided (no real entry): the bound is how far the kernel classes left open compute it apart')
+        (0.03, "the CPU kernels are undecided (no real entry): the bound is how far the kernel classes left open compute it apart; --server-cpu with the server machine's CPU makes it exact")
         """
         cpu = self.cpu or {}
         if cpu.get("how") in ("default", "unknown") and cpu.get("bounds"):
             build = f"; the build is the default, not evidence's ({self.build_undecided})" if self.build_undecided else ""
             return (cpu["bounds"].get(str(self.record)),
                     f"the CPU kernels are undecided ({cpu.get('why')}): the bound is how far the kernel classes "
-                    f"left open compute it apart{build}")
+                    f"left open compute it apart{build}; --server-cpu with the server machine's CPU makes it exact")
         if self.build_undecided:
             return None, f"the build is undecided ({self.build_undecided})"
         if self.batched or self.shared:
@@ -221,6 +221,13 @@ class RecoverResult:
             why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
                    f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
                    "not the server's")
+        elif r.weighted_diff is not None and r.shape is not None and r.shape.warning and \
+                "does not say which build" in r.shape.warning:
+            # the evidence's first cause: the transcript names no build, and none here reproduced it
+            short = (f"{r.weighted_diff:.3f} nats, and the transcript names no build: give --build N, the server's "
+                     "(llama-server --version), or `spec-replay build` so that the builds here are tried")
+            why += (f"; they differ by {r.weighted_diff:.3f} nats and the transcript does not say which build served "
+                    "it: the replay's library is not the server's")
         elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
             short = (f"{r.weighted_diff:.3f} nats, as other kernels, shared batches or kept slots give: "
                      "-ngl/-dev/--server-backend, --shared-batches, or the server's --cache-ram 0 if so")

@@ -209,8 +209,11 @@ def shared_evidence(records: Sequence[Record], flags: Mapping[str, Any] | None, 
     overlaps = overlapping(records)
     out = {}
     for rec in records:
+        # --shared-batches says nothing of a record its server decoded alone by construction: one slot
+        # (/props total_slots, -np 1) runs one request at a time
+        alone = rec.slots((flags or {}).get("n_parallel")) == 1
         why = rec.busy_when_sent() or overlaps.get(rec.index) or (_cells_kept(rec, flags) if cells else None) or (
-            "--shared-batches" if option else None)
+            "--shared-batches" if option and not alone else None)
         if why:
             out[rec.index] = why
     return out

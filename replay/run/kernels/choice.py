@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from replay.comparison.values import FIRST_ENTRY_BOUND
 from replay.errors import KernelsError
 from replay.run.kernels.types import Probe
 from replay.runtime.engine import KernelChoice
@@ -26,6 +27,11 @@ from replay.transcripts.readers import Record
 EXACT = 1e-6  # nats: a float32 logprob printed by the server and recomputed by the same kernels agree to this
 SEPARATED = 1e-3  # nats: an entry every other class probed is this far from tells classes apart (see needless_slow)
 WITNESSES = 8  # first entries probed per variant when batches may have been shared
+# nats: how far apart kernel classes' first entries must be for kernels to matter to a model at all: where
+# every class here computes a first entry alike (f32 weights), no other CPU kernels or GPU move it by a
+# tenth of a nat, so a first entry far off every one of them is not numerics (--server-backend, shared
+# batches cannot make it one)
+ALIKE = 1e-4
 
 
 def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_nearest: str | None = None,
@@ -97,6 +103,11 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
                            f"{len(distinct) - 1} other error(s))").with_detail(
             f"{which} could not be evaluated under any CPU variant ({errors})")
     near = measured[0]
+    not_numerics = kernels_cannot_explain(measured)
+    if not_numerics and (allow_nearest or not shared):
+        raise KernelsError(f"record {near.record + 1}'s {not_numerics}" + (
+            f": {allow_nearest} does not explain it" if allow_nearest else "") +
+            "; the model file or the build is not the server's")
     if shared:
         seen = sorted(set(witnesses) or {p.record for p in measured if p.record is not None})
         return KernelChoice(probes[0].variant, "unknown", None, None, diffs=diffs, repack=probes[0].repack,
@@ -123,6 +134,29 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         f"build with other flags, or a CPU variant this host cannot run{beyond}"
         + "".join(f"; {c}" for c in crashes) + "; give --server-backend NAME to recover at stated precision on the "
         "nearest")
+
+
+def kernels_cannot_explain(measured: Sequence[Probe]) -> str | None:
+    """Why no kernels explain how far the first entry is from every class probed (`measured`, nearest first),
+    or None: every class computes it alike (within ALIKE: the model's values do not depend on kernels, as
+    f32 weights do not) while the nearest is more than EXACT off, or the nearest is farther than shared batches
+    and other kernels move a first entry (comparison/values.py FIRST_ENTRY_BOUND).
+
+    >>> print(kernels_cannot_explain([Probe("zen4", 0.192, record=0), Probe("haswell", 0.192, record=0)]))
+    first entry is 0.192 nats off, and every CPU kernel here computes it alike: kernels do not move this model's values
+    >>> kernels_cannot_explain([Probe("zen4", 0.02, record=0), Probe("haswell", 0.19, record=0)]) is None
+    True
+    """
+    near = measured[0]
+    if near.diff is None or near.diff <= EXACT:
+        return None
+    if len(measured) > 1 and max(p.diff for p in measured) - near.diff <= ALIKE:
+        return (f"first entry is {near.diff:.3g} nats off, and every CPU kernel here computes it alike: kernels do not "
+                "move this model's values")
+    if near.diff > FIRST_ENTRY_BOUND:
+        return (f"first entry is {near.diff:.3g} nats off every CPU kernel here, more than other kernels or shared "
+                f"batches move one ({FIRST_ENTRY_BOUND})")
+    return None
 
 
 def told_apart(exact: Sequence[Probe]) -> list[Probe] | None:

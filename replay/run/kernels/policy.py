@@ -33,6 +33,7 @@ from replay.run.kernels.processes import (
 from replay.run.kernels.types import Candidate, Probe, ProbeJob
 from replay.runtime import binding, health
 from replay.runtime.engine import KernelChoice, Tried
+from replay.runtime.server_cpu import server_variant
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
 from replay.transcripts.entries import n_prompt_cached
@@ -108,7 +109,10 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
                              "--libllama a build with libggml-cpu-<variant>.so beside it")
         return Kernels(None, modes[0] if len(modes) == 1 else None)
     if server_cpu is not None and server_cpu not in VARIANTS and server_cpu not in present:
-        raise UsageError(f"--server-cpu {server_cpu}: not a CPU variant ({', '.join(VARIANTS)})")
+        # the machine as its user knows it (a CPU model, a flags line, llama-server's system_info line)
+        read = server_variant(server_cpu)
+        say(f"kernels: --server-cpu {server_cpu!r}: a release server there loads {read.variant} ({read.how})")
+        server_cpu = read.variant
     loaded, have = binding.variant_in_process()
     if loaded:  # in-process reuse (tests, notebooks): what is loaded stays
         if server_cpu and server_cpu != have:

@@ -317,7 +317,7 @@ class Recoverer:
                            source=self.options.source,
                            renamed=self.options.renamed_model, facts=self.facts(), piece=self.piece,
                            shared=self.shared.get(rec.index) or rec.busy_when_sent() or (
-                               "--shared-batches" if self.options.shared_batches else None))
+                               "--shared-batches" if self.options.shared_batches and rec.slots(self.flags.get("n_parallel")) != 1 else None))
         if self._threads_found and read.context.sources.get("threads", "default") == "default":
             context = replace(read.context, threads=self._threads_found[0],
                               sources={**read.context.sources, "threads": "identified"})

@@ -229,8 +229,18 @@ class RecoverResult:
             why += (f"; they differ by {r.weighted_diff:.3f} nats and the transcript does not say which build served "
                     "it: the replay's library is not the server's")
         elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
-            short = (f"{r.weighted_diff:.3f} nats, as other kernels, shared batches or kept slots give: "
-                     "-ngl/-dev/--server-backend, --shared-batches, or the server's --cache-ram 0 if so")
+            # the hints this record's evidence supports: its build's own kernels where they are not at hand,
+            # shared batches and kept cells only where the server had several slots, else a GPU
+            hints = []
+            if r.cpu is None and r.shape is not None and r.shape.build is not None and \
+                    (r.libllama is None or "llama_cpp" in str(r.libllama)):
+                hints.append(f"`spec-replay build --build b{r.shape.build}` (its own kernels are not built here)")
+            if (r.slots or 0) > 1:
+                hints += ["--shared-batches if it decoded these requests beside others",
+                          "the server's --cache-ram 0 if so"]
+            if not hints:
+                hints.append("-ngl/-dev or --server-backend if the server computed on a GPU")
+            short = f"{r.weighted_diff:.3f} nats: " + "; ".join(hints)
             why += (f"; they differ by {r.weighted_diff:.3f} nats, as other kernels or other requests' rows or "
                     "cells would: if the server ran on a GPU or another CPU, say so with -ngl/-dev or "
                     "--server-backend; if it decoded these requests together with others (several slots serving "

@@ -57,6 +57,17 @@ BEST_KEPT = 256  # raw logits kept per emitted token, likewise
 EMPTY_Q = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32))  # a draft distribution with no candidates
 
 
+def drawn(params) -> bool:
+    """Whether the server's chains draw at random (a seed then decides the tokens): a temperature above 0,
+    a dynamic temperature range, or XTC on; else each keeps one candidate and the draw is no choice.
+
+    >>> from replay.settings.sampling import SamplingParams
+    >>> drawn(SamplingParams(temp=0.0)), drawn(SamplingParams(temp=0.7)), drawn(SamplingParams(temp=0.0, xtc_probability=0.5))
+    (False, True, True)
+    """
+    return params.temp > 0 or params.dynatemp_range > 0 or params.xtc_probability > 0
+
+
 @dataclass
 class Emitted:
     """One token the server emitted, with its verify-row values (what a fixed server would report)."""
@@ -216,7 +227,10 @@ class SpeculativeLoop:
         check_replayable(spec, era, has_draft_model=draft_model is not None)
         self.era = era
         params = settings.params
-        if params.seed == LLAMA_DEFAULT_SEED:
+        # at temperature <= 0 (no dynamic range, no XTC) every sampler keeps one candidate before the draw
+        # (src/llama-sampler.cpp:265-285, llama_sampler_temp_impl), so no seed moves a token: greedy runs
+        # replay without one, as eval harnesses send them
+        if params.seed == LLAMA_DEFAULT_SEED and drawn(params):
             raise TranscriptError("the request has no fixed seed (seed -1): the server drew a random one, so the "
                                   "run cannot be reproduced; record with an explicit \"seed\"")
         self.target, self.params = target, params

@@ -221,21 +221,17 @@ class RecoverResult:
             why = (f"they differ by {r.weighted_diff:.3f} nats (weighted by probability, first entry or "
                    f"record), more than other numerics ({r.cause}) explain: the model file or the build is "
                    "not the server's")
-        elif r.weighted_diff is not None and r.shape is not None and r.shape.warning and \
-                "does not say which build" in r.shape.warning:
-            # the evidence's first cause: the transcript names no build, and none here reproduced it
-            short = (f"{r.weighted_diff:.3f} nats, and the transcript names no build: give --build N, the server's "
-                     "(llama-server --version), or `spec-replay build` so that the builds here are tried")
-            why += (f"; they differ by {r.weighted_diff:.3f} nats and the transcript does not say which build served "
-                    "it: the replay's library is not the server's")
         elif r.weighted_diff is not None and r.weighted_diff <= BATCH_BOUND:
             # the hints this record's evidence supports: its build's own kernels where they are not at hand,
-            # shared batches and kept cells only where the server had several slots, else a GPU
+            # shared batches and kept cells only where the server had several slots (or the transcript does not say), else a GPU
             hints = []
+            if r.shape is not None and r.shape.warning and "does not say which build" in r.shape.warning:
+                # the evidence's first cause: the transcript names no build, and none here was found to be its
+                hints.append("the transcript names no build: give --build N, the server's (llama-server --version)")
             if r.cpu is None and r.shape is not None and r.shape.build is not None and \
                     (r.libllama is None or "llama_cpp" in str(r.libllama)):
                 hints.append(f"`spec-replay build --build b{r.shape.build}` (its own kernels are not built here)")
-            if (r.slots or 0) > 1:
+            if r.slots is None or r.slots > 1:  # several slots, or a transcript that does not say
                 hints += ["--shared-batches if it decoded these requests beside others",
                           "the server's --cache-ram 0 if so"]
             if not hints:

@@ -27,7 +27,8 @@ from replay.llamacpp.build import DEFAULT_PROFILE, BuildSpec, find_built
 from replay.paths import cache_root
 from replay.run.inputs import Inputs
 from replay.run.kernels.policy import Kernels, choose_kernels
-from replay.runtime.binding import LibChoice, check_library, header_near, library_file
+from replay.llamacpp.libllama import libllama_of
+from replay.runtime.binding import LibChoice
 
 Say = Callable[..., None]  # (line, warning=False)
 
@@ -88,14 +89,11 @@ def candidates_here(root: Path | None = None) -> list[BuildCandidate]:
         number = info.get("build_number")
         if bins is None or not isinstance(number, int):
             continue
-        lib = library_file(bins.bin_dir)
-        if lib is None:
+        lib = libllama_of(bins)  # None where it is not callable through the binding
+        if lib.path is None:
             continue
-        source = info.get("source")
-        header = header_near(lib, Path(source) if source else None)
-        if check_library(lib, header):
-            continue
-        found.append(BuildCandidate(number, LibChoice(lib, f"b{number}, built here", header), lib.parent))
+        found.append(BuildCandidate(number, LibChoice(lib.path, f"b{number}, built here", lib.header),
+                                    Path(lib.path).parent))
     return sorted(found, key=lambda c: _order(c.number))
 
 

@@ -26,6 +26,7 @@ from replay.errors import KernelsError
 from replay.llamacpp.build import DEFAULT_PROFILE, BuildSpec, find_built
 from replay.paths import cache_root
 from replay.run.inputs import Inputs
+from replay.run.kernels.choice import witnesses
 from replay.run.kernels.policy import Kernels, choose_kernels
 from replay.llamacpp.libllama import libllama_of
 from replay.runtime.binding import LibChoice
@@ -132,9 +133,13 @@ def choose_build(inputs: Inputs, candidates: list[BuildCandidate], *, flags: dic
         if choice.how == "nearest":
             refused.append((cand, f"nearest {choice.variant} {choice.diff:.3g} nats off"))
             continue
+        if choice.how == "given":  # the kernels are the user's; the build is evidence's only where an entry judges it
+            if not witnesses(inputs.records):
+                return BuildDecision(cand, kernels, f"{cand.name}, the default: no real entry tells the build", False)
+            return BuildDecision(cand, kernels, f"{cand.name}, the first entry judges it as it is recovered on "
+                                                f"{choice.variant} (--server-cpu)", decided=True)
         rec = f"record {choice.record + 1}'s first entry" if choice.record is not None else "the first entry"
-        how = "given" if choice.how == "given" else "exact"
-        return BuildDecision(cand, kernels, f"{cand.name}, from evidence: {rec} {how} under {choice.variant}"
+        return BuildDecision(cand, kernels, f"{cand.name}, from evidence: {rec} exact under {choice.variant}"
                                             f"{'' if choice.repack is not False else ' --no-repack'}", decided=True)
     heads = "; ".join(f"{c.name}: {why.split(' (')[0] if len(why) > 160 else why}" for c, why in refused)
     raise KernelsError(f"the transcript names no build, and no build here reproduces its first entry ({heads}): "

@@ -335,9 +335,9 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
 
     With a `cache`, only the first candidate of each class (classes.py, kept per host, model, library
     and the kernel-choosing `context` settings) is probed and its Probe names the others (`same`);
-    classes not known yet are learnt first, from every candidate's kernel signature (`_learn_classes`:
-    a short fixed run, whatever the prompt's length); the classes without vector kernels only where
-    the others leave the entry open (`_probe_classes`). Without one (SPEC_REPLAY_PROBE_CACHE=0), or when
+    classes not known yet are learnt first, from the vector candidates' kernel signatures (`_learn_classes`:
+    a short fixed run, whatever the prompt's length); the classes without vector kernels are learnt and
+    probed only where the others leave the entry open (`_probe_classes`). Without one (SPEC_REPLAY_PROBE_CACHE=0), or when
     no signature could be computed, every candidate is probed, and with a cache the classes are
     learnt from the probes: kernel signatures for the candidates whose witness values came out alike.
     A worker that dies is that candidate's error."""
@@ -367,23 +367,31 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
     other class computes batches as it does (choice.py batch_alone, from the kernel signatures of every
     candidate), nothing else is probed, and the others stand as one skipped Probe naming them all.
     Otherwise the other classes with vector kernels are probed; those without (x64, sse42: a tenth of
-    the speed) only where the others leave the entry open (choice.py needless_slow). None where no
-    signature of the vector candidates could be computed (the caller probes every candidate)."""
+    the speed) only where the others leave the entry open (choice.py needless_slow). The classes are
+    learnt from the vector candidates' signatures; the slow ones' (ten times a vector one's: most of a
+    model's first probe) only where batch_alone needs them, once the best class reproduced the entry
+    and no other vector class computes batches as it does. None where no signature of the vector
+    candidates could be computed (the caller probes every candidate)."""
     fast = [c for c in cands if vectorised(c.variant)]
     slow = [c for c in cands if not vectorised(c.variant)]
     got: dict[Candidate, Probe] = {}
     if fast:
-        grouped = _grouped(prober, fast, cache, learn=cands)
+        grouped = _grouped(prober, fast, cache)
         if grouped is None:
             return None
         reps = representatives(grouped)
         same = {r: tuple(c.label for c in g if c != r) for r, g in zip(reps, grouped)}
         got[reps[0]] = prober.witness(reps[:1], same, progress, decodes=0)[0][0]
         rest = reps[1:] + slow
-        others = [c for c in fast + slow if c != reps[0] and c.label not in same[reps[0]]]
-        why = batch_alone(got[reps[0]], cache.batch(prober.class_key(reps[0])),
-                          [cache.batch(prober.class_key(c)) for c in others],
-                          until_exact) if rest and until_exact is not None else None
+        lead = cache.batch(prober.class_key(reps[0]))
+        others = [c for c in fast if c != reps[0] and c.label not in same[reps[0]]]
+        batches = [cache.batch(prober.class_key(c)) for c in others]
+        why = None
+        if rest and until_exact is not None and batch_alone(got[reps[0]], lead, batches, until_exact):
+            if slow and any(cache.batch(prober.class_key(c)) is None for c in slow):
+                _grouped(prober, slow, cache)  # learnt now: only this rule needs them
+            why = batch_alone(got[reps[0]], lead, batches + [cache.batch(prober.class_key(c)) for c in slow],
+                              until_exact)
         if why:
             names = [x for c in rest for x in (c.label, *same.get(c, ()))]
             got[rest[0]] = Probe(rest[0].variant, None, record=got[reps[0]].record, repack=rest[0].repack,
@@ -392,6 +400,10 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
         if reps[1:]:
             got.update(zip(reps[1:], prober.witness(reps[1:], same, progress, decodes=0)[0]))
     why = needless_slow(list(got.values()), until_exact) if until_exact is not None and fast and slow else None
+    if why:  # unless a slow variant is known to compute batches as the exact class does: its entry is that one too
+        hit = next(cache.batch(prober.class_key(c)) for c, p in got.items() if p.diff is not None and p.diff <= until_exact)
+        if hit is not None and any(cache.batch(prober.class_key(c)) == hit for c in slow):
+            why = None
     if why:
         first = next(p.record for p in got.values() if p.diff is not None and p.diff <= until_exact)
         got[slow[0]] = Probe(slow[0].variant, None, record=first, repack=slow[0].repack,
@@ -453,18 +465,13 @@ def classes_known(candidates: Sequence[Candidate], job: ProbeJob, index: int, ca
     return classes(fast, lambda c: cache.klass(prober.class_key(c))) is not None
 
 
-def _grouped(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
-             learn: Sequence[Candidate] = ()) -> list[list[Candidate]] | None:
-    """`cands`' classes, known, else learnt from the kernel signatures of `cands` and of `learn` with them
-    (their batch signatures kept for batch_alone); None where no signature of `cands` could be computed."""
+def _grouped(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache) -> list[list[Candidate]] | None:
+    """`cands`' classes, known, else learnt from their kernel signatures (their batch signatures kept for
+    batch_alone); None where no signature of `cands` could be computed."""
     known = classes(cands, lambda c: cache.klass(prober.class_key(c)))
     if known is not None:
         return known
-    groups = _learn_classes(prober, list(dict.fromkeys([*cands, *learn])), cache)
-    mine = set(cands)
-    if groups is None or not any(cache.klass(prober.class_key(c)) for c in mine):
-        return None
-    return [kept for g in groups if (kept := [c for c in g if c in mine])]
+    return _learn_classes(prober, list(cands), cache)
 
 
 def _by_class(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,

@@ -1,6 +1,7 @@
 """recover on the server's own schedule against the one-token schedule and against the server itself.
 
     python3 bench/schedule.py            # SmolLM2 (a Q2_K draft, then drafting for itself) and Gemma 3
+    python3 bench/schedule.py haswell    # the servers on one variant: another machine's, as a user's colleague's
 
 For each configuration a default-flag b11434 llama-server (4 slots, unified KV, flash attention auto)
 is sent three chat requests in turn, each with a prompt of about 1,200 tokens, 64 tokens out, and
@@ -161,7 +162,10 @@ def run_case(name: str, cfg: ServerConfig, model: Path, binary: Path, cpu: str, 
 def main() -> int:
     bins = ensure_built(BuildSpec("b11434"))
     can = variants_that_run(bins.bin_dir)
-    cpu = can[0] if can else "native"
+    cpu = sys.argv[1] if len(sys.argv) > 1 else (can[0] if can else "native")
+    if cpu not in can:
+        raise SystemExit(f"bench/schedule.py: {cpu} is not a variant this host runs ({', '.join(can)})")
+    server = bins.with_cpu(cpu).server if len(sys.argv) > 1 else bins.server
     smol, gemma = models.smollm2(), models.gemma3()
     smol_draft, gemma_draft = models.smollm2_draft(bins.quantize), models.gemma3_draft(bins.quantize)
     default = {"n_parallel": -1, "n_ctx": 8192}  # -np auto: 4 slots, a unified KV cache of 8192 cells
@@ -175,7 +179,7 @@ def main() -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for name, cfg, model, temp in cases:
-            rows.append(run_case(name, cfg, model, bins.server, cpu, temp, Path(tmp)))
+            rows.append(run_case(name, cfg, model, server, cpu, temp, Path(tmp)))
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; servers and replays on the "
           f"{cpu} variant of b11434; three chat records each, 64 tokens out; {time.perf_counter() - started:.0f} s")
     print(tabulate(rows, headers=["configuration", "prompt tokens", "server s", "recover s", "recover / server",

@@ -10,10 +10,13 @@ covers each of those: a prompt batch of 80 rows, past the 68-row change, every v
 9 rows and the 17 and 33 of longer drafts, then single tokens; the context is the transcript's (flash
 attention, cache types and ubatch choose other kernels too).
 
-Two hashes come out of one run: the whole signature (every shape: what makes a class), and the batch
-signature, of the batches alone, taken before any single-token decode has written the KV they read.
-Two classes with different batch signatures compute a prompt of two rows or more differently, so a
-first entry one of them reproduces exactly the other does not (run/kernels/choice.py batch_alone).
+Three hashes come out of one run: the whole signature (every shape: what makes a class), the batch
+signature, of the batches alone, taken before any single-token decode has written the KV they read,
+and the prompt signature, of the prompt batch alone. Two classes with different batch (or prompt)
+signatures compute a prompt of two rows or more differently, so a first entry one of them reproduces
+exactly the other does not (run/kernels/choice.py batch_alone). A run may stop after the prompt batch
+(`upto="prompt"`): what a baseline variant (x64, sse42: a tenth of the others' speed) is asked for
+where only its prompt batches matter.
 """
 from __future__ import annotations
 
@@ -28,26 +31,30 @@ from replay.runtime.llama import Context, Model
 # so the output matrix computes one row), a verify batch for every row
 SHAPES = (80, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33, 1, 1)
 PROMPT = 80
-VERSION = 3  # bumped when SHAPES or the ids change: every cached signature is then computed again
+VERSION = 4  # bumped when SHAPES or the ids change: every cached signature is then computed again
 
 
 class Signature(NamedTuple):
     """A model's kernel signature under one candidate: `whole` over every shape, `batches` over the
-    batches of two rows or more that come before the first single-token decode."""
+    batches of two rows or more that come before the first single-token decode, `prompt` over the prompt
+    batch alone; `whole` and `batches` None for a run stopped after the prompt batch."""
 
-    whole: str
-    batches: str
+    whole: str | None
+    batches: str | None
+    prompt: str
 
 
 def kernel_signature(model: Model, *, n_batch: int, n_ubatch: int, flash_attn: str, type_k: str, type_v: str,
-                     swa_full: bool, threads: int) -> Signature:
+                     swa_full: bool, threads: int, upto: str = "whole") -> Signature:
     """The sha256 of the float32 logits of SHAPES' decodes (the prompt batch's last row, every row of the
-    others), on a context of the given configuration, whole and up to the first single-token decode; the
-    ids are fixed draws from the whole vocabulary."""
+    others), on a context of the given configuration, whole, up to the first single-token decode and
+    over the prompt batch alone; the ids are fixed draws from the whole vocabulary. `upto="prompt"`
+    stops after the prompt batch."""
     n = sum(SHAPES)
     ids = [int(t) for t in np.random.default_rng(20261202).integers(0, model.n_vocab, n)]
     h = hashlib.sha256()
     batches: str | None = None
+    prompt: str | None = None
     with Context(model, n_ctx=max(256, n), n_batch=max(n_batch, max(SHAPES)), n_ubatch=n_ubatch, n_threads=threads,
                  flash_attn=flash_attn, type_k=type_k, type_v=type_v, swa_full=swa_full) as ctx:
         pos = 0
@@ -59,4 +66,8 @@ def kernel_signature(model: Model, *, n_batch: int, n_ubatch: int, flash_attn: s
             for i in (range(rows) if every else [-1]):
                 h.update(ctx.logits_view(i).tobytes())
             pos += rows
-    return Signature(h.hexdigest(), batches if batches is not None else h.hexdigest())
+            if k == 0:
+                prompt = h.copy().hexdigest()
+                if upto == "prompt":
+                    return Signature(None, None, prompt)
+    return Signature(h.hexdigest(), batches if batches is not None else h.hexdigest(), prompt)

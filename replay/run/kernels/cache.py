@@ -88,6 +88,19 @@ class ProbeCache:
         if self.root is not None:
             self._write(f"batch-{key}", sig)
 
+    def prompt(self, key: str) -> str | None:
+        """A candidate's prompt signature (runtime/signature.py Signature.prompt), where it was learnt."""
+        if self.root is None:
+            return None
+        try:
+            return (self.root / f"prompt-{key}").read_text().strip() or None
+        except OSError:
+            return None
+
+    def put_prompt(self, key: str, sig: str) -> None:
+        if self.root is not None:
+            self._write(f"prompt-{key}", sig)
+
     def _write(self, name: str, text: str) -> None:
         try:
             self.root.mkdir(parents=True, exist_ok=True)

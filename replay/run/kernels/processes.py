@@ -168,14 +168,14 @@ def value_spread(candidates: Sequence[Candidate], job: ProbeJob, indices: Sequen
     return out
 
 
-def _child_signatures(job: ProbeJob, index: int, variant: str,
-                      repacks: Sequence[bool]) -> list[tuple[bool, Signature | None]]:  # pragma: no cover
+def _child_signatures(job: ProbeJob, index: int, variant: str, repacks: Sequence[bool],
+                      upto: str = "whole") -> list[tuple[bool, Signature | None]]:  # pragma: no cover
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on
     the context record `index` is replayed with, on this probe's share of the cores: the signature's
     context is too short for the thread-split path (fewer than 512 KV cells), so no thread count changes
     it, and more threads than cores (probes run side by side) make ggml's threads wait on each other.
     Without repack after a load with it whose weights took no extra buffer type, the same signature
-    (the same computation, as _child_probe's twins)."""
+    (the same computation, as _child_probe's twins). `upto="prompt"`: the prompt batch's alone."""
     from replay.runtime.binding import loaded_variant
     from replay.runtime.llama import Model, model_params
     from replay.runtime.signature import kernel_signature
@@ -199,7 +199,7 @@ def _child_signatures(job: ProbeJob, index: int, variant: str,
                 out.append((repack, kernel_signature(m, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch,
                                                      flash_attn=cfg.flash_attn, type_k=cfg.cache_type_k,
                                                      type_v=cfg.cache_type_v, swa_full=cfg.swa_full,
-                                                     threads=host_cores())))
+                                                     threads=host_cores(), upto=upto)))
                 if repack:
                     took_extra = bool(m.buffers)
         except SpecReplayError:
@@ -305,8 +305,9 @@ class _Prober:
                             progress(c.label, probe)
         return [probes[c] for c in cands], seen
 
-    def signatures(self, groups: Sequence[Sequence[Candidate]]) -> dict[Candidate, Signature | None]:
-        """The kernel signatures of the members of `groups` (a process per variant, in waves)."""
+    def signatures(self, groups: Sequence[Sequence[Candidate]], upto: str = "whole") -> dict[Candidate, Signature | None]:
+        """The kernel signatures of the members of `groups` (a process per variant, in waves); `upto="prompt"`
+        the prompt batch's alone (runtime/signature.py)."""
         members = [c for g in groups for c in g]
         variants = list(dict.fromkeys(c.variant for c in members))
         job = self.job
@@ -314,7 +315,7 @@ class _Prober:
         out: dict[Candidate, str | None] = {}
         with cf.ThreadPoolExecutor(at_once) as pool:
             futures = {v: pool.submit(_in_child, self.job.libllama, v, share, _child_signatures,
-                                      (job, self.indices[0], v, [c.repack for c in members if c.variant == v]),
+                                      (job, self.indices[0], v, [c.repack for c in members if c.variant == v], upto),
                                       lambda v=v: [(c.repack, None) for c in members if c.variant == v])
                        for v in variants}
             for v, f in futures.items():
@@ -386,12 +387,9 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
         lead = cache.batch(prober.class_key(reps[0]))
         others = [c for c in fast if c != reps[0] and c.label not in same[reps[0]]]
         batches = [cache.batch(prober.class_key(c)) for c in others]
-        why = None
-        if rest and until_exact is not None and batch_alone(got[reps[0]], lead, batches, until_exact):
-            if slow and any(cache.batch(prober.class_key(c)) is None for c in slow):
-                _grouped(prober, slow, cache)  # learnt now: only this rule needs them
-            why = batch_alone(got[reps[0]], lead, batches + [cache.batch(prober.class_key(c)) for c in slow],
-                              until_exact)
+        why = batch_alone(got[reps[0]], lead, batches, until_exact) if rest and until_exact is not None else None
+        if why and slow:
+            why = _slow_apart(prober, reps[0], got[reps[0]], slow, cache, until_exact)
         if why:
             names = [x for c in rest for x in (c.label, *same.get(c, ()))]
             got[rest[0]] = Probe(rest[0].variant, None, record=got[reps[0]].record, repack=rest[0].repack,
@@ -401,9 +399,10 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
             got.update(zip(reps[1:], prober.witness(reps[1:], same, progress, decodes=0)[0]))
     why = needless_slow(list(got.values()), until_exact) if until_exact is not None and fast and slow else None
     if why:  # unless a slow variant is known to compute batches as the exact class does: its entry is that one too
-        hit = next(cache.batch(prober.class_key(c)) for c, p in got.items() if p.diff is not None and p.diff <= until_exact)
-        if hit is not None and any(cache.batch(prober.class_key(c)) == hit for c in slow):
-            why = None
+        hit = next(prober.class_key(c) for c, p in got.items() if p.diff is not None and p.diff <= until_exact)
+        for known in (cache.batch, cache.prompt):
+            if known(hit) is not None and any(known(prober.class_key(c)) == known(hit) for c in slow):
+                why = None
     if why:
         first = next(p.record for p in got.values() if p.diff is not None and p.diff <= until_exact)
         got[slow[0]] = Probe(slow[0].variant, None, record=first, repack=slow[0].repack,
@@ -434,19 +433,26 @@ class Settling:
 def best_settles(candidates: Sequence[Candidate], job: ProbeJob, index: int, cache: ProbeCache,
                  context: dict) -> Settling | None:
     """The best class's Settling, where record `index`'s first entry alone would settle the kernels on it:
-    every candidate's class and batch signature known (cache), the best's batch signature its class's
-    own, and no probe of it on this transcript kept (a kept one settles it at no cost). None otherwise."""
-    if cache.root is None or not candidates:
+    every vector candidate's class and batch signature known (cache) and every baseline one's prompt
+    signature, the best's batch signature its class's own and its prompt signature none of the baseline
+    ones', and no probe of it on this transcript kept (a kept one settles it at no cost). None otherwise."""
+    fast = [c for c in candidates if vectorised(c.variant)]
+    slow = [c for c in candidates if not vectorised(c.variant)]
+    if cache.root is None or not fast:
         return None
     prober = _Prober(job, [index], until_exact=EXACT, cache=cache, context=context)
-    grouped = classes(list(candidates), lambda c: cache.klass(prober.class_key(c)))
+    grouped = classes(fast, lambda c: cache.klass(prober.class_key(c)))
     if grouped is None:
         return None
     lead = representatives(grouped)[0]
     same = tuple(c.label for c in grouped[0] if c != lead)
     rest = [c for g in grouped[1:] for c in g]
-    why = batch_alone(Probe(lead.variant, 0.0, record=index, repack=lead.repack),
-                      cache.batch(prober.class_key(lead)), [cache.batch(prober.class_key(c)) for c in rest])
+    exact = Probe(lead.variant, 0.0, record=index, repack=lead.repack)
+    why = batch_alone(exact, cache.batch(prober.class_key(lead)), [cache.batch(prober.class_key(c)) for c in rest])
+    if why and slow and batch_alone(exact, cache.prompt(prober.class_key(lead)),
+                                    [cache.prompt(prober.class_key(c)) for c in slow]) is None:
+        why = None
+    rest += slow
     key = probe_key(job, [index], lead, until_exact=EXACT, decodes=0)
     if why is None or cache.get(key) is not None:
         return None
@@ -463,6 +469,19 @@ def classes_known(candidates: Sequence[Candidate], job: ProbeJob, index: int, ca
         return True  # nothing is learnt: with the cache off every candidate is probed
     prober = _Prober(job, [index], until_exact=EXACT, cache=cache, context=context)
     return classes(fast, lambda c: cache.klass(prober.class_key(c))) is not None
+
+
+def _slow_apart(prober: _Prober, lead: Candidate, probe: Probe, slow: Sequence[Candidate], cache: ProbeCache,
+                exact: float) -> str | None:
+    """batch_alone over the baseline variants (`slow`), by their prompt signatures (learnt now where not
+    known: only this rule needs them, and a prompt batch is what a first entry is computed in): why
+    `lead`'s exact `probe` leaves them unprobed, or None."""
+    if any(cache.prompt(prober.class_key(c)) is None for c in slow):
+        for c, sig in prober.signatures([slow], upto="prompt").items():
+            if sig is not None:
+                cache.put_prompt(prober.class_key(c), sig.prompt)
+    return batch_alone(probe, cache.prompt(prober.class_key(lead)), [cache.prompt(prober.class_key(c)) for c in slow],
+                       exact)
 
 
 def _grouped(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache) -> list[list[Candidate]] | None:
@@ -499,6 +518,7 @@ def _learn_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
     for c in known:
         cache.put_class(prober.class_key(c), f"signature:{sigs[c].whole}")
         cache.put_batch(prober.class_key(c), sigs[c].batches)
+        cache.put_prompt(prober.class_key(c), sigs[c].prompt)
     groups = classes(known, lambda c: sigs[c].whole) + [[c] for c in cands if not sigs.get(c)]
     return sorted(groups, key=lambda g: cands.index(g[0]))
 

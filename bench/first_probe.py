@@ -8,8 +8,8 @@ started on one CPU variant (a directory holding only that libggml-cpu) is sent b
 chat requests (about 1,100 prompt tokens, 64 out, t = 0), recorded with `record`; the file is then
 recovered as a user's first transcript of the model pays it (an empty probe cache of its own, no
 --server-cpu: the kernels found from the transcript, their classes learnt), by `REV` (a git worktree of
-it, made in a temporary directory) and by this tree, alternately, twice each, the fastest kept. The two
-repaired files must be identical. The server's time is its own prompt + generation time.
+it, made in a temporary directory, its C extension built) and by this tree, alternately, twice each,
+the fastest kept. The two repaired files must be identical. The server's time is its own prompt + generation time.
 """
 from __future__ import annotations
 
@@ -39,10 +39,28 @@ def _first(root: Path, transcript: Path, model: Path, out: Path) -> float:
     """Seconds `replay.recover()` of `root`'s package took, as bench/schedule.py's child measures it."""
     env = dict(os.environ, SPEC_REPLAY_PROBE_CACHE=tempfile.mkdtemp(prefix="probe-cache-"))
     p = subprocess.run([sys.executable, str(root / "bench" / "schedule.py"), "--child", "probe-first", str(transcript),
-                        str(model), "none", str(out)], capture_output=True, text=True, env=env)
+                        str(model), "none", str(out)], capture_output=True, text=True, env=env,
+                       cwd=root)  # the probes' forkserver imports from its working directory: `root`'s package
     if p.returncode != 0:
         raise SystemExit(f"{root}: recover failed:\n{p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def _native(tree: Path, tmp: Path) -> None:
+    """`tree` with its C extension built (replay/numerics/_native.c, a build artefact git does not hold):
+    without it the revision would compute on the numpy path and be measured slower than it is."""
+    src = tree / "replay" / "numerics" / "_native.c"
+    if not src.exists():
+        return
+    built = sorted((REPO / "replay" / "numerics").glob("_native.*.so"))
+    if built and src.read_bytes() == (REPO / "replay" / "numerics" / "_native.c").read_bytes():
+        shutil.copy(built[0], src.parent / built[0].name)  # the same source: this tree's build
+        return
+    target = tmp / "native"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(tree)],
+                   check=True)
+    for so in (target / "replay" / "numerics").glob("_native.*.so"):
+        shutil.copy(so, src.parent / so.name)
 
 
 def main(rev: str, variant: str) -> int:
@@ -58,6 +76,7 @@ def main(rev: str, variant: str) -> int:
         old = Path(tmp) / "rev"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(old), rev], check=True)
         shutil.copy(REPO / "bench" / "schedule.py", old / "bench" / "schedule.py")  # one measurement, both trees
+        _native(old, Path(tmp))
         try:
             for name, cfg, model in cases:
                 records, _, server_s, _ = schedule._serve(cfg, server, 0.0)

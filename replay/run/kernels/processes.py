@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -207,12 +208,32 @@ def _child_signatures(job: ProbeJob, index: int, variant: str, repacks: Sequence
     return out
 
 
+_SERVER_START = threading.Lock()
+
+
 def _context():
     """Fresh processes forked from a server process that has imported the probe's modules but loaded no
     libllama (a process holds one ggml: each probe needs its own): a probe starts in milliseconds, not
-    the half second a spawned interpreter takes."""
+    the half second a spawned interpreter takes. The server imports this process's own package: it is
+    started here with that package's directory first on its path and no working directory on it
+    (PYTHONSAFEPATH), as `python -c` would otherwise put one there first, and a run started in a
+    directory holding another `replay` (a clone at another commit) would probe with that code."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["replay.commands.recover", "replay.run.kernels.processes"])
+    with _SERVER_START:
+        from multiprocessing import forkserver
+        root = str(Path(__file__).resolve().parents[3])
+        saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH")}
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [saved["PYTHONPATH"]])])
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return ctx
 
 
@@ -220,8 +241,6 @@ def start_probe_server() -> None:
     """Start the probes' server now, while this process has loaded no libllama (what it forks from holds
     no ggml), for a run that loads one before it may need probes (policy.py: the best class tried)."""
     _context()
-    from multiprocessing import forkserver
-    forkserver.ensure_running()
 
 
 def _in_child(libllama: Path | None, variant: str, share: int | None, fn: Callable, args: tuple,

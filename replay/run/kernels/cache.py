@@ -64,42 +64,37 @@ class ProbeCache:
         self._write(f"{key}.json", json.dumps({**asdict(probe), "same": []}))
 
     def klass(self, key: str) -> str | None:
-        if self.root is None:
-            return None
-        try:
-            return (self.root / f"class-{key}").read_text().strip() or None
-        except OSError:
-            return None
+        """A candidate's class signature (classes.py learnt), where it was learnt."""
+        return self._read(f"class-{key}")
 
     def put_class(self, key: str, sig: str) -> None:
-        if self.root is not None:
-            self._write(f"class-{key}", sig)
+        self._put(f"class-{key}", sig)
 
     def batch(self, key: str) -> str | None:
         """A candidate's batch signature (runtime/signature.py Signature.batches), where it was learnt."""
-        if self.root is None:
-            return None
-        try:
-            return (self.root / f"batch-{key}").read_text().strip() or None
-        except OSError:
-            return None
+        return self._read(f"batch-{key}")
 
     def put_batch(self, key: str, sig: str) -> None:
-        if self.root is not None:
-            self._write(f"batch-{key}", sig)
+        self._put(f"batch-{key}", sig)
 
     def prompt(self, key: str) -> str | None:
         """A candidate's prompt signature (runtime/signature.py Signature.prompt), where it was learnt."""
+        return self._read(f"prompt-{key}")
+
+    def put_prompt(self, key: str, sig: str) -> None:
+        self._put(f"prompt-{key}", sig)
+
+    def _read(self, name: str) -> str | None:
         if self.root is None:
             return None
         try:
-            return (self.root / f"prompt-{key}").read_text().strip() or None
+            return (self.root / name).read_text().strip() or None
         except OSError:
             return None
 
-    def put_prompt(self, key: str, sig: str) -> None:
+    def _put(self, name: str, text: str) -> None:
         if self.root is not None:
-            self._write(f"prompt-{key}", sig)
+            self._write(name, text)
 
     def _write(self, name: str, text: str) -> None:
         try:

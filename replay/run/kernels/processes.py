@@ -378,6 +378,15 @@ def probe_variants(candidates: Sequence[Candidate | str], job: ProbeJob, indices
     return fold_twins(probes, seen)
 
 
+def _by_speed(cands: Sequence[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+    """(the candidates with vector kernels, the baseline ones: x64, sse42), each in the given order.
+
+    >>> [[c.label for c in g] for g in _by_speed([Candidate("x64"), Candidate("zen4"), Candidate("sse42")])]
+    [['zen4'], ['x64', 'sse42']]
+    """
+    return [c for c in cands if vectorised(c.variant)], [c for c in cands if not vectorised(c.variant)]
+
+
 def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCache,
                    progress: Callable[[str, Probe], None] | None, until_exact: float | None) -> list[Probe] | None:
     """One probe per class, on the first entry alone, best first; the one-token decodes after it only
@@ -392,8 +401,7 @@ def _probe_classes(prober: _Prober, cands: Sequence[Candidate], cache: ProbeCach
     model's first probe) only where batch_alone needs them, once the best class reproduced the entry
     and no other vector class computes batches as it does. None where no signature of the vector
     candidates could be computed (the caller probes every candidate)."""
-    fast = [c for c in cands if vectorised(c.variant)]
-    slow = [c for c in cands if not vectorised(c.variant)]
+    fast, slow = _by_speed(cands)
     got: dict[Candidate, Probe] = {}
     if fast:
         grouped = _grouped(prober, fast, cache)
@@ -455,8 +463,7 @@ def best_settles(candidates: Sequence[Candidate], job: ProbeJob, index: int, cac
     every vector candidate's class and batch signature known (cache) and every baseline one's prompt
     signature, the best's batch signature its class's own and its prompt signature none of the baseline
     ones', and no probe of it on this transcript kept (a kept one settles it at no cost). None otherwise."""
-    fast = [c for c in candidates if vectorised(c.variant)]
-    slow = [c for c in candidates if not vectorised(c.variant)]
+    fast, slow = _by_speed(candidates)
     if cache.root is None or not fast:
         return None
     prober = _Prober(job, [index], until_exact=EXACT, cache=cache, context=context)
@@ -483,7 +490,7 @@ def classes_known(candidates: Sequence[Candidate], job: ProbeJob, index: int, ca
     """Are the vector candidates' kernel classes known (cache), so that probing need not learn them first
     from every candidate's kernel signature (a process per variant: tens of seconds on a 262k
     vocabulary, once per model, library and kernel-choosing context settings)?"""
-    fast = [c for c in candidates if vectorised(c.variant)]
+    fast, _ = _by_speed(candidates)
     if cache.root is None or not fast:
         return True  # nothing is learnt: with the cache off every candidate is probed
     prober = _Prober(job, [index], until_exact=EXACT, cache=cache, context=context)

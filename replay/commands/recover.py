@@ -44,7 +44,7 @@ from replay.runtime.llama import Model, model_params
 from replay.schedule.memory import SlotConfig, SlotMemory, schedule_of
 from replay.schedule.prefix import FRESH, Prefix, plan_checkpointed, plan_prefix
 from replay.schedule.prompt import NO_SPANS
-from replay.schedule.rows import ALONE, BATCHED, row_counts, scored_by, split_kv, tiled_verify
+from replay.schedule.rows import ALONE, BATCHED, UNKNOWN, row_counts, scored_by, split_kv, tiled_verify
 from replay.settings import BY_ATTR, longest_draft, resolve
 from replay.settings.config import GIVEN_HERE
 from replay.tokens.prompt_ids import message_spans
@@ -447,7 +447,7 @@ class Recoverer:
                                 flash_attn_off=cfg.flash_attn == "off",
                                 tiled=tiled_verify(longest_draft(read.spec), cfg.flash_attn, cfg.type_k, cfg.type_v,
                                                    cfg.n_ubatch),
-                                continued=self._continued(read))
+                                continued=self._continued(read), speculative=read.speculative)
 
     def _continued(self, read: ReadRecord) -> bool:
         """Whether the record after this one in the file took more of its prompt from the server's cache
@@ -555,7 +555,8 @@ def _loop_drafts(model: Path | str, records: Sequence[Record], flags: dict) -> l
 
 
 def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool,
-                     flash_attn_off: bool, tiled: bool = False, continued: bool = False) -> tuple[int | None, str]:
+                     flash_attn_off: bool, tiled: bool = False, continued: bool = False,
+                     speculative: bool = False) -> tuple[int | None, str]:
     """The first token whose values this replay cannot compute in the decodes the server computed them in,
     and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py).
 
@@ -566,7 +567,10 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
     computed tile by tile, and how many rows a batch had (rejected drafts included) the transcript does not show.
     A checkpointing target whose next record continues this one's reply from the server's cache
     (`continued`), from the first token a verify batch scored: that record starts from the state and the
-    checkpoints the server's verify steps left, which one-row decodes do not rebuild.
+    checkpoints the server's verify steps left, which one-row decodes do not rebuild. A speculating server's
+    record that carries no entry to say how a token was scored (UNKNOWN: it asked for no probabilities),
+    from the first such token past 256 positions (rows.py split_kv): there a verify batch's row and a
+    one-token decode compute apart, and which of the two scored it the transcript does not show.
 
     >>> approximate_from([None, ALONE, BATCHED], 100, checkpoints=False, flash_attn_off=False, tiled=True)[0]
     2
@@ -583,7 +587,27 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
     (None, '')
     >>> approximate_from([None, ALONE, ALONE], 300, checkpoints=True, flash_attn_off=True)
     (None, '')
+    >>> approximate_from([None, None, None], 300, checkpoints=False, flash_attn_off=False, speculative=True)[0]
+    1
+    >>> approximate_from([None, None, None], 100, checkpoints=False, flash_attn_off=False, speculative=True)
+    (None, '')
     """
+    k, why = _from_batched(kinds, n_prompt, checkpoints=checkpoints, flash_attn_off=flash_attn_off, tiled=tiled,
+                           continued=continued)
+    if speculative:  # no entry to say how a token was scored: as if any row could have been a verify batch's
+        u = next((u for u in range(1, len(kinds)) if kinds[u] is UNKNOWN
+                  and (checkpoints or flash_attn_off or split_kv(n_prompt + u - 1))), None)
+        if u is not None and (k is None or u < k):
+            return u, ("the record carries no probabilities to say which tokens the server scored in verify batches"
+                       + (", and this target rewrote accepted tokens' KV from checkpoints" if checkpoints else
+                          ", and with flash attention off" if flash_attn_off else ", and past 256 positions") +
+                       " a verify batch's row and a one-token decode compute apart")
+    return k, why
+
+
+def _from_batched(kinds: Sequence[str | None], n_prompt: int, *, checkpoints: bool, flash_attn_off: bool,
+                  tiled: bool, continued: bool) -> tuple[int | None, str]:
+    """approximate_from's rules for the tokens the transcript shows a verify batch scored (BATCHED)."""
     if BATCHED not in kinds[1:]:
         return None, ""
     if checkpoints:

@@ -225,7 +225,11 @@ def truths(model: Model, slot: SlotMemory, prompt: Sequence[int], plan: Sequence
             if not 0 <= tok < model.n_vocab:
                 raise TranscriptError(f"generated token {index}: id {tok} is outside the model's vocabulary "
                                       f"({model.n_vocab} tokens)")
-            logprob, top = pre_sampling(logits, tok, n_top)
+            # a server reports a token's probability only with n_probs >= 1 (tools/server/server-context.cpp:
+            # 2210, 4218), and its float32 sum's order depends on n_probs (numerics/server_probs.py): a record
+            # that asked for none gets the values of n_probs 1, as the loop's (loop/loop.py) and a fixed server's
+            logprob, top = pre_sampling(logits, tok, max(n_top, 1))
+            top = top[:n_top]
             t = Truth(index=index, id=tok, item=item, logprob=logprob, top=top)
             if chain is not None:
                 cands, sel = chain.sample(logits)  # with a grammar, masked only when it resampled

@@ -17,7 +17,7 @@ run says the build is undecided. Where nothing is built, one line says how to ge
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -117,7 +117,7 @@ def choose_build(inputs: Inputs, candidates: list[BuildCandidate], *, flags: dic
     for k, cand in enumerate(candidates):
         say(f"build: trying {cand.name} (the transcript names none)")
         try:
-            kernels = choose_kernels(inputs, lib_dir=cand.lib_dir, flags=flags, options=options,
+            kernels = choose_kernels(inputs, lib_dir=cand.lib_dir, flags=flags, options=replace(options, build=cand.number),
                                      server_cpu=server_cpu, say=say, guess=guess and k == 0)
         except KernelsError as e:
             refused.append((cand, str(e)))
@@ -130,6 +130,9 @@ def choose_build(inputs: Inputs, candidates: list[BuildCandidate], *, flags: dic
         if choice.how == "tried":
             return BuildDecision(cand, kernels, f"{cand.name}, tried first: record {choice.record + 1}'s first "
                                                 "entry decides as it is recovered", decided=True)
+        if choice.how == "loop":
+            return BuildDecision(cand, kernels, f"{cand.name}, from evidence: its loop replay emits the transcript's "
+                                                f"tokens and draft totals under {choice.variant}", decided=True)
         if choice.how == "nearest":
             refused.append((cand, f"nearest {choice.variant} {choice.diff:.3g} nats off"))
             continue

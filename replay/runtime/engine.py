@@ -22,7 +22,8 @@ from replay.runtime.variants import VARIANTS
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """The variant to replay on and how it was chosen: "matched" (exactly), "given" (--server-cpu),
+    """The variant to replay on and how it was chosen: "matched" (exactly), "loop" (no real entry: the only
+    class whose loop replay emits the transcript's tokens and draft totals), "given" (--server-cpu),
     "nearest" (none matched; allowed by `why`), "unknown" (none matched, and shared batches say the
     first entries cannot tell: the host's best), "default" (nothing to probe: the host's best)."""
 
@@ -67,7 +68,12 @@ class KernelChoice:
             spread = f"; one-token decodes within {self.spread:.2g}" if self.spread else ""
             return f"{name}, matched on {where}" + (f" (as exactly: {', '.join(self.equal)}{spread})" if self.equal
                                                      else "") + (
-                f"; not probed: {', '.join(self.unprobed)} ({self.why_unprobed})" if self.unprobed else "")
+                f"; not probed: {', '.join(self.unprobed)} ({self.why_unprobed})" if self.unprobed else "") + (
+                f"; {self.why}" if self.why else "")
+        if self.how == "loop":
+            also = f" (as exactly: {', '.join(self.equal)})" if self.equal else ""
+            return (f"{name}, the one class whose replay of the server's loop emits the transcript's tokens and draft "
+                    f"totals{also}; out: {self.why}")
         if self.how == "tried":
             return (f"{name}, tried first on {where}, which decides as it is recovered (not probed: "
                     f"{', '.join(self.unprobed)})")

@@ -269,3 +269,53 @@ def batch_alone(lead: Probe, batches: str | None, others: Sequence[str | None], 
         return None
     return (f"{lead.label} reproduced record {lead.record + 1}'s first entry exactly, and no other class computes "
             "batches as it does (kernel signatures)")
+
+
+def told_by_loop(verdicts: dict[str, dict[int, str | None]]) -> tuple[list[str], dict[str, str]]:
+    """Which kernel classes the emitted tokens and draft totals leave open, as (kept, {parted: why}).
+
+    `verdicts` holds, per class (its label, best first), what its replay of the server's loop over each
+    record (0-based) found: "" it emitted the transcript's tokens with the server's draft totals (what
+    `spec-replay trace` calls reproduced), a reason where it parted from them, None where nothing was
+    compared. Under the server's kernels the loop replay is the server's own computation, so at t = 0
+    every emitted token is its argmax and at t > 0 the seeded draw picks it, and the draft model drafts
+    as the server's did (tools/server/server-context.cpp's loop, replayed by loop/loop.py): a class whose
+    replay parts from a record did not compute it. Where every class parts, the parting is not the
+    kernels' (the loop, the flags, the server's state), and none is ruled out.
+
+    >>> told_by_loop({"zen4": {0: "the draft totals differ", 1: ""}, "haswell": {0: "", 1: ""}})
+    (['haswell'], {'zen4': 'record 1: the draft totals differ'})
+    >>> told_by_loop({"zen4": {0: "parts at token 3"}, "haswell": {0: "parts at token 5"}})
+    (['zen4', 'haswell'], {})
+    >>> told_by_loop({"zen4": {0: None}, "haswell": {0: None}})
+    (['zen4', 'haswell'], {})
+    """
+    parted: dict[str, str] = {}
+    for label, by_record in verdicts.items():
+        first = next(((k, why) for k, why in sorted(by_record.items()) if why), None)
+        if first is not None:
+            parted[label] = f"record {first[0] + 1}: {first[1]}"
+    if len(parted) == len(verdicts):
+        return list(verdicts), {}
+    return [label for label in verdicts if label not in parted], parted
+
+
+def exact_apart(probes: Sequence[Probe], tolerance: float = EXACT) -> list[Probe]:
+    """The probes choose_variant cannot choose between (it refuses them): exact on the first entry, best
+    first, the lead and those whose one-token decodes differ from its by more than `tolerance`, where the
+    server's later real entries do not tell them apart (told_apart); [] where it chooses.
+
+    >>> [p.variant for p in exact_apart([Probe("zen4", 0.0, decode=(-0.5,)), Probe("haswell", 0.0, decode=(-0.75,))])]
+    ['zen4', 'haswell']
+    >>> exact_apart([Probe("zen4", 0.0, decode=(-0.5,)), Probe("haswell", 0.0, decode=(-0.5,))])
+    []
+    """
+    exact = [p for p in probes if not p.skipped and p.diff is not None and p.diff <= EXACT]
+    if len(exact) < 2:
+        return []
+    differ = [p for p in exact[1:] if (d := decode_distance(exact[0], p)) is not None and d > tolerance]
+    told = told_apart(exact) if differ else None
+    if told:
+        exact = told
+        differ = [p for p in exact[1:] if (d := decode_distance(exact[0], p)) is not None and d > tolerance]
+    return [exact[0], *differ] if differ else []

@@ -20,12 +20,13 @@ from replay.commands.recover import RecoverOptions
 from replay.errors import KernelsError, TranscriptError, UsageError
 from replay.run.inputs import Inputs
 from replay.run.kernels.cache import default_cache
-from replay.run.kernels.choice import EXACT, choose_variant, records_named, witnesses
+from replay.run.kernels.choice import EXACT, choose_variant, exact_apart, records_named, told_by_loop, witnesses
 from replay.run.kernels.classes import SIGNATURE_CONTEXT
 from replay.run.kernels.processes import (
     Settling,
     best_settles,
     classes_known,
+    loop_parted,
     probe_variants,
     start_probe_server,
     value_spread,
@@ -180,6 +181,58 @@ def _tried(job: ProbeJob, candidates: list[Candidate], crashes: tuple[str, ...]
                         crashes=crashes, unprobed=settling.others, why_unprobed=settling.why), settling
 
 
+def _by_loop(job: ProbeJob, candidates: list[Candidate], *, shared: str | None, crashes: tuple[str, ...],
+             say: Say) -> KernelChoice:
+    """No record carries a real first entry: the classes are told apart by the emitted tokens and draft
+    totals, each class's replay of the server's loop over the records (processes.py loop_parted, choice.py
+    told_by_loop), unless batches were shared with requests the transcript does not hold (their loop is not
+    the records' own). One class left: it computed them. Several: the values are approximate, bounded by
+    how far the classes left compute each record apart (processes.py value_spread), computed, not assumed."""
+    records = job.inputs.records
+    rec = records[0]
+    ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
+    cache, context = default_cache(), {a: getattr(ctx, a) for a in SIGNATURE_CONTEXT}
+    why = "no record carries a real first entry to tell the kernels by"
+    left, parted = candidates, {}
+    if shared is None:
+        say(f"kernels: {why}; replaying the server's loop over the records under each class of "
+            f"{', '.join(c.label for c in candidates)}: its tokens and draft totals tell them")
+        groups, found = loop_parted(candidates, job, cache, context)
+        kept, parted = told_by_loop({rep.label: got for rep, got in found.items()})
+        members = {rep.label: g for rep, g in zip(found, groups)}
+        left = [c for label in kept for c in members[label]]
+        for label, reason in parted.items():
+            say(f"  {label:<24} out: {reason}")
+        if len(kept) == 1:
+            lead, *same = members[kept[0]]
+            return KernelChoice(lead.variant, "loop", equal=tuple(c.label for c in same), repack=lead.repack,
+                                crashes=crashes, why="; ".join(f"{k} {v}" for k, v in parted.items()))
+    say(f"kernels: {why}; computing each record under every class of {', '.join(c.label for c in left)} for the "
+        "bound on its values")
+    spread = value_spread(left, job, list(range(len(records))), cache, context)
+    ruled = f"; the loop replay ruled out {', '.join(parted)}" if parted else ""
+    return KernelChoice(left[0].variant, "default", why=why + ruled, repack=left[0].repack, crashes=crashes,
+                        bounds=tuple(sorted(spread.items())))
+
+
+def _apart_by_loop(job: ProbeJob, probes: list[Probe], *, shared: str | None, say: Say) -> tuple[list[Probe], str]:
+    """Kernels exact on the first entry whose one-token decodes differ, which the later real entries do not
+    tell apart (choice.py exact_apart): each replays the server's loop over the records, and those whose
+    replay parts from the emitted tokens or draft totals are out (choice.py told_by_loop). Returns the probes
+    left and which were ruled out, and why ("" none). Not where batches were shared with requests the
+    transcript does not hold: its loop is not the records' own."""
+    apart = exact_apart(probes, job.options.tolerance) if shared is None else []
+    if not apart:
+        return probes, ""
+    say(f"kernels: {', '.join(p.label for p in apart)} reproduce the first entry exactly and decode the tokens after "
+        "it apart; replaying the server's loop under each: its tokens and draft totals tell them")
+    _, found = loop_parted([Candidate(p.variant, p.repack) for p in apart], job, None, None)
+    _, parted = told_by_loop({c.label: got for c, got in found.items()})
+    for label, reason in parted.items():
+        say(f"  {label:<24} out: {reason}")
+    return [p for p in probes if p.label not in parted], "; ".join(f"{k} ({v})" for k, v in parted.items())
+
+
 def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], crashes: tuple[str, ...],
             say: Say) -> KernelChoice:
     """The candidate whose evaluation of the witnesses' first entries is the server's (choice.py)."""
@@ -189,16 +242,7 @@ def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], cr
     ks = witnesses(records, shared=shared is not None)
     best = candidates[0]
     if not ks:
-        # nothing tells the kernels: the values are approximate, bounded by how far the classes that remain
-        # compute each record apart (processes.py value_spread), computed here, not assumed
-        say(f"kernels: no record carries a real first entry to tell them by; computing each record under every "
-            f"class of {', '.join(c.label for c in candidates)} for the bound on its values")
-        rec = records[0]
-        ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
-        spread = value_spread(candidates, job, list(range(len(records))), default_cache(),
-                              {a: getattr(ctx, a) for a in SIGNATURE_CONTEXT})
-        return KernelChoice(best.variant, "default", why="no record carries a real first entry to tell the kernels by",
-                            repack=best.repack, crashes=crashes, bounds=tuple(sorted(spread.items())))
+        return _by_loop(job, candidates, shared=shared, crashes=crashes, say=say)
     say(f"kernels: evaluating the first entry of {records_named(ks)} under each candidate this host runs "
         f"({', '.join(c.label for c in candidates)})")
 
@@ -213,10 +257,13 @@ def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], cr
         say(f"kernels: first learning which candidates compute alike on this model, from their kernel "
             f"signatures, once per model, library and context settings (kept in {cache.root})")
     probes = probe_variants(candidates, job, ks, progress=said, until_exact=EXACT, cache=cache, context=context)
+    probes, ruled = _apart_by_loop(job, probes, shared=shared, say=say)
     try:
         choice = choose_variant(probes, shared=shared, not_runnable=beyond, witnesses=ks, tolerance=options.tolerance,
                                 allow_nearest="--server-backend" if options.server_backend else None,
                                 crashes=crashes)
+        if ruled:
+            choice = replace(choice, why=f"the loop replay ruled out {ruled}")
     except KernelsError:
         if not all(n_prompt_cached(records[k].final()) for k in ks):
             raise

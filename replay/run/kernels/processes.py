@@ -169,6 +169,93 @@ def value_spread(candidates: Sequence[Candidate], job: ProbeJob, indices: Sequen
     return out
 
 
+def _child_loops(job: ProbeJob, variant: str, repacks: Sequence[bool]
+                 ) -> list[tuple[bool, dict[int, str | None]]]:  # pragma: no cover - in the child
+    """Each of `repacks` in turn: the server's loop replayed over every record in file order as requests to
+    one server (what `spec-replay trace` runs, commands/trace.py), and per record "" where it emitted the
+    transcript's tokens with the server's draft totals, why where it parted, None where nothing was
+    compared (the loop could not be replayed). What `loop_parted` reads."""
+    from replay.commands.trace import Drafts, trace_record
+    from replay.commands.trace_state import ServerState
+    from replay.runtime.binding import loaded_variant
+    from replay.runtime.llama import Model, model_params
+    from replay.transcripts.readers import shared_evidence
+    records = job.inputs.records
+    nothing = {k: None for k in range(len(records))}
+    try:
+        if loaded_variant() != variant:
+            return [(r, dict(nothing)) for r in repacks]
+    except SpecReplayError:
+        return [(r, dict(nothing)) for r in repacks]
+    out: list[tuple[bool, dict[int, str | None]]] = []
+    for repack in repacks:
+        flags = {**job.flags, "no_repack": not repack}
+        got: dict[int, str | None] = dict(nothing)
+        try:
+            target = Model(job.inputs.model, **model_params(flags))
+        except SpecReplayError:
+            out.append((repack, got))
+            continue
+        drafts = Drafts(model_params(flags))
+        shared = shared_evidence(records, flags, job.options.shared_batches, cells=False)
+        try:
+            with ServerState(flags.get("n_parallel")) as state:
+                for k, rec in enumerate(records):
+                    try:
+                        res = trace_record(rec, target, flags=flags, build=job.options.build, source=job.options.source,
+                                           slot_state=state.slot(rec), drafts=drafts, renamed=job.inputs.renamed,
+                                           shared=shared.get(rec.index))
+                    except SpecReplayError:
+                        break  # the state the records after it start from is not the server's
+                    got[k] = _parting(res)
+                    if got[k]:
+                        break
+        finally:
+            target.close()  # the process ends with the probe: its draft models go with it
+        out.append((repack, got))
+    return out
+
+
+def _parting(res) -> str | None:
+    """What a record's loop replay (a comparison/trace.py TraceResult) found against the transcript: "" the
+    same tokens and draft totals, else how it parted; None where nothing was compared."""
+    if res.reproduced is None:
+        return None
+    if res.first_divergence is not None:
+        return f"its loop replay emits another token at token {res.first_divergence}"
+    if not res.reproduced:
+        return (f"its loop replay drafts {res.draft_n} and accepts {res.draft_n_accepted}, the server "
+                f"{res.server_draft_n} and {res.server_draft_n_accepted}")
+    return ""
+
+
+def loop_parted(candidates: Sequence[Candidate], job: ProbeJob, cache: ProbeCache | None, context: dict | None
+                ) -> tuple[list[list[Candidate]], dict[Candidate, dict[int, str | None]]]:
+    """The candidates' kernel classes (classes.py; learnt from kernel signatures where not known; without a
+    cache, a class each) and, per class representative, what its replay of the server's loop over the
+    records found (_child_loops): the evidence of the emitted tokens and draft totals (choice.py
+    told_by_loop), each class in a process of its own."""
+    cands = list(candidates)
+    groups = [[c] for c in cands]
+    if cache is not None and cache.root is not None:
+        prober = _Prober(job, [0], until_exact=None, cache=cache, context=context)
+        groups = _grouped(prober, cands, cache) or groups
+    reps = representatives(groups)
+    variants = list(dict.fromkeys(c.variant for c in reps))
+    at_once, share = parallel_probes(len(variants))
+    n = len(job.inputs.records)
+    found: dict[Candidate, dict[int, str | None]] = {}
+    with cf.ThreadPoolExecutor(at_once) as pool:
+        futures = {v: pool.submit(_in_child, job.libllama, v, share, _child_loops,
+                                  (job, v, [c.repack for c in reps if c.variant == v]),
+                                  lambda v=v: [(c.repack, {k: None for k in range(n)}) for c in reps if c.variant == v])
+                   for v in variants}
+        for v, f in futures.items():
+            for repack, got in f.result():
+                found[Candidate(v, repack)] = got
+    return groups, {rep: found.get(rep, {}) for rep in reps}
+
+
 def _child_signatures(job: ProbeJob, index: int, variant: str, repacks: Sequence[bool],
                       upto: str = "whole") -> list[tuple[bool, Signature | None]]:  # pragma: no cover
     """The model's kernel signature (runtime/signature.py) with and/or without extra buffer types, on

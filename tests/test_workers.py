@@ -70,6 +70,14 @@ def _lines(p: Path) -> int:
     return p.read_bytes().count(b"\n") if p.exists() else 0
 
 
+def _mapped(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` mapped (libllama mmaps a model's file as it loads it)."""
+    try:
+        return str(Path(path).resolve()) in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def _workers_of(driver: subprocess.Popen) -> list[int]:
     """The driver's worker processes (spawned python children, not multiprocessing's resource tracker)."""
     return [c for c in _children(driver.pid)
@@ -115,7 +123,14 @@ def test_a_worker_that_dies_is_named_with_its_record_and_the_run_resumes(long_ev
     p = subprocess.Popen(cli_command("recover", src, "-m", tiny_target(), "-o", out, "--workers", "2"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while _lines(tmp_path / "out.jsonl.partial") < 4 and p.poll() is None and time.monotonic() < deadline:
+    # both workers past loading the model (its file mapped), and a record written after that: each is then
+    # on a record (on a loaded host one worker can write several before the other has loaded the model)
+    while not (len(ws := _workers_of(p)) == 2 and all(_mapped(w, tiny_target()) for w in ws)) and p.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = _lines(tmp_path / "out.jsonl.partial")
+    while _lines(tmp_path / "out.jsonl.partial") < max(4, seen + 1) and p.poll() is None \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
     workers = _workers_of(p)
     assert len(workers) == 2, workers

@@ -21,6 +21,8 @@ suite passes in any order. Everything heavy is built or fetched once into ~/.cac
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,11 +34,11 @@ from replay.runtime import binding
 
 os.environ.setdefault("SPEC_REPLAY_TESTING", "1")
 # What runs on this host is known once for the whole run (runtime/health.py), also by the quick tier's
-# subprocesses, whose cache root is empty: a verdict is about the host, not about what was built.
+# subprocesses, whose cache root is empty: a verdict is about the host, not about what was built. Where
+# it is kept is set once the tests are collected (pytest_collection_finish): the cache's own health/ for a
+# run that builds, a directory of the run's own for the quick tier, which leaves the cache untouched.
 from replay.paths import cache_root  # noqa: E402
 from replay.runtime import health  # noqa: E402
-
-os.environ.setdefault(health.CACHE_ENV, str(cache_root() / "health"))
 
 # One libllama for the whole test process, loaded once the tests are collected
 # (pytest_collection_finish): the kernels of the servers the suite starts when it runs any (b11434's
@@ -67,9 +69,24 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("tests with missing markers:\n  " + "\n  ".join(bad))
 
 
+_OWN_HEALTH: list[str | None] = [None]  # the quick tier's own verdict directory, removed when the run ends
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_HEALTH[0] is not None:
+        shutil.rmtree(_OWN_HEALTH[0], ignore_errors=True)
+
+
 def pytest_collection_finish(session):
     """Load the test process's libllama (see above), once: b11434's when a collected test is marked
     `build` (building it first on a fresh machine, as its first such test would), else llama-cpp-python's."""
+    heavy = any(item.get_closest_marker(m) is not None for item in session.items for m in ("build", "model",
+                                                                                            "live_server"))
+    if health.CACHE_ENV not in os.environ:
+        if heavy:
+            os.environ[health.CACHE_ENV] = str(cache_root() / "health")
+        else:
+            os.environ[health.CACHE_ENV] = _OWN_HEALTH[0] = tempfile.mkdtemp(prefix="spec-replay-health-")
     if any(item.get_closest_marker("build") is not None for item in session.items):
         from replay.llamacpp.libllama import libllama_of
         binding.use_libllama(libllama_of(ensure_built(BuildSpec("b11434"))))

@@ -39,7 +39,8 @@ from replay.loop.drafters import Drafter, make_drafters
 from replay.loop.expectation import acceptance_prob, not_expectable
 from replay.loop.replayable import check_replayable
 from replay.loop.state import SlotState
-from replay.loop.verify import match_continues, prob_of, rejection_step
+from replay.loop.verifiers import ChainRows, Verified, by_match, by_rejection, by_replay
+from replay.loop.verify import prob_of
 from replay.numerics.rng import MT19937, REJECTION_SEED_XOR, canonical_float
 from replay.numerics.server_probs import pre_sampling
 from replay.runtime.llama import Model
@@ -51,7 +52,6 @@ from replay.settings import SpecConfig, draft_thread_count
 from replay.settings.sampling import Effective
 from replay.transcripts.utf8 import utf8_complete
 
-Row = tuple[np.ndarray, np.ndarray]  # (logits [n_vocab] float32, the target chain's candidates) of one verify row
 CANDS_KEPT = 256  # candidates kept per emitted token for explaining a divergence
 BEST_KEPT = 256  # raw logits kept per emitted token, likewise
 EMPTY_Q = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32))  # a draft distribution with no candidates
@@ -118,19 +118,6 @@ class Step:
         keys = ("index", "pos0", "sampled", "drafter", "draft", "draft_q", "target_p", "uniforms", "rule",
                 "accepted", "resampled", "bonus", "emitted") + (("accept_p",) if self.accept_p is not None else ())
         return {k: getattr(self, k) for k in keys}
-
-
-@dataclass
-class Verified:
-    """What verification of one draft produced: `ids` = accepted drafts + [resampled | bonus]."""
-
-    ids: list[int] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)  # the verify row that scored each of `ids`
-    chosen: list[tuple[int, str]] = field(default_factory=list)  # (chain pass, Emitted.chosen) of each of `ids`
-    target_p: list[float] = field(default_factory=list)
-    uniforms: list[list[float | None]] = field(default_factory=list)
-    resampled: int | None = None
-    bonus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -430,10 +417,14 @@ class SpeculativeLoop:
         """The rule a step verifies by, and what it kept: rejection when the drafter kept q, else
         sample-and-match; a replayed step at temp > 0 from b11368 accepts its tokens again
         (server_accept_replay, :57-80), at temp 0 they are sampled and matched again (:4267-4268)."""
+        rows = ChainRows(self.ctx, self.chain)
         if replay and self.rejection_mode:
-            return "checkpoint replay", self.verify_replay(draft)
+            return "checkpoint replay", by_replay(draft, rows)
         rule = "normal" if not draft else ("rejection" if q is not None else "sample-and-match")
-        v = self.verify_rejection(draft, q) if rule == "rejection" else self.verify_match(draft)
+        if rule == "rejection":
+            v = by_rejection(draft, q, rows, lambda: canonical_float(self.rng))
+        else:
+            v = by_match(draft, rows, is_eog=self.target.is_eog, eog_rule=self.era.eog_rule)
         return (f"checkpoint replay ({rule})" if replay else rule), v
 
     def restore(self, pos0: int, before: SamplerState) -> None:
@@ -497,7 +488,7 @@ class SpeculativeLoop:
         try:
             for j, d_tok in enumerate(draft):
                 cands, _ = self.chain.apply(self.ctx.logits(j))
-                p = float(self._target_p(cands)[cands["id"] == d_tok].sum()) if len(cands) else 0.0
+                p = float(ChainRows(self.ctx, self.chain).target_p(cands)[cands["id"] == d_tok].sum()) if len(cands) else 0.0
                 q_j = None
                 if rule == "rejection":
                     qi, qp = q[j]
@@ -514,56 +505,6 @@ class SpeculativeLoop:
             self.chain.restore(snap)
             self.chain.passes = passes  # not the server's work
         return out
-
-    def verify_rejection(self, draft: list[int], q: list) -> Verified:
-        """common_sampler_sample_and_accept_n_rejection (common/sampling.cpp:732-836)."""
-        v = Verified()
-        for i, d_tok in enumerate(draft):
-            logits = self.ctx.logits(i)
-            id_tgt, cands = self._sample(logits)
-            qi, qp = q[i]
-            dec = rejection_step(d_tok, cands["id"], self._target_p(cands), qi, qp, id_tgt,
-                                 lambda: canonical_float(self.rng))
-            v.target_p.append(dec.p)
-            v.uniforms.append([dec.u_accept, dec.u_residual])
-            self._keep(v, dec.token, logits, cands, "rejection accepted" if dec.accepted else "rejection resampled")
-            if not dec.accepted:
-                v.resampled = dec.token
-                return v
-        self._bonus(v, len(draft), bonus=bool(draft))
-        return v
-
-    def verify_replay(self, draft: list[int]) -> Verified:
-        """server_accept_replay (server-context.cpp:57-80): every kept token is accepted again after a
-        sample whose result is discarded (it advances the chain), then one new token is sampled."""
-        v = Verified()
-        for i, d_tok in enumerate(draft):
-            logits = self.ctx.logits(i)
-            _, cands = self._sample(logits)
-            draw = self.chain.n_applies
-            self.chain.accept(d_tok)
-            v.ids.append(d_tok)
-            v.rows.append((logits, cands))
-            v.chosen.append((draw, "replayed"))
-            v.target_p.append(post_sampling(cands, d_tok, 0)[0])
-        self._bonus(v, len(draft), bonus=True)
-        return v
-
-    def verify_match(self, draft: list[int]) -> Verified:
-        """common_sampler_sample_and_accept_n (common/sampling.cpp:686-718); with no draft, the
-        normal path's single sample."""
-        v = Verified()
-        for i, d_tok in enumerate(draft):
-            logits = self.ctx.logits(i)
-            tok, cands = self._sample(logits)
-            self._keep(v, tok, logits, cands)
-            v.target_p.append(post_sampling(cands, d_tok, 0)[0])
-            if not match_continues(d_tok, tok, self.target.is_eog(tok), i, len(draft), eog_rule=self.era.eog_rule):
-                if tok != d_tok:
-                    v.resampled = tok
-                return v
-        self._bonus(v, len(draft), bonus=bool(draft))
-        return v
 
     def trim(self, keep: int) -> None:
         """Positions from `keep` on (rejected drafts) leave both KV caches (:4342-4348)."""
@@ -606,32 +547,6 @@ class SpeculativeLoop:
     def _sample(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
         cands, sel = self.chain.sample(logits)
         return int(cands["id"][sel]), cands
-
-    def _target_p(self, cands: np.ndarray) -> np.ndarray:
-        """The target's p as the rejection verifier sees it: with a grammar, the candidates it rejects
-        get 0 and the rest are rescaled by 1/sum, in float32 (common/sampling.cpp:754-778)."""
-        if self.chain.grammar is None:
-            return cands["p"]
-        valid = np.isfinite(self.chain.grammar.masked(cands)["logit"])
-        p_raw = np.where(valid, cands["p"], np.float32(0)).astype(np.float32)
-        p_sum = np.add.accumulate(p_raw, dtype=np.float32)[-1] if len(p_raw) else np.float32(0)
-        p_norm = np.float32(1) / p_sum if p_sum > 0 else np.float32(1)
-        return (p_raw * p_norm).astype(np.float32)
-
-    def _keep(self, v: Verified, tok: int, logits: np.ndarray, cands: np.ndarray, chosen: str = "drawn") -> None:
-        """A token the verifier returns: accepted into the chain's history (common_sampler_accept)."""
-        v.chosen.append((self.chain.n_applies, chosen))
-        self.chain.accept(tok)
-        v.ids.append(tok)
-        v.rows.append((logits, cands))
-
-    def _bonus(self, v: Verified, row: int, *, bonus: bool) -> None:
-        """Every draft token was kept: sample one more at the row after the draft."""
-        logits = self.ctx.logits(row)
-        tok, cands = self._sample(logits)
-        self._keep(v, tok, logits, cands)
-        if bonus:
-            v.bonus = tok
 
 
 def _q_of(draft: list[int], q: list | None) -> list[float] | None:

@@ -4,7 +4,7 @@ A target whose memory cannot drop a suffix (Gemma 3's sliding window, recurrent 
 verifies a partly accepted draft by restoring a checkpoint and decoding the accepted tokens again
 (tools/server/server-context.cpp:4276-4305), and a server with flash attention off computes a verify
 batch's attention with other kernels than a one-row decode's: in both, past the point
-`approximate_from` names (commands/recover.py), the transcript does not show the batches the server
+`approximate_from` names (schedule/exactness.py), the transcript does not show the batches the server
 computed its values and its KV in. The loop replay does: it drafts with the draft model (or the n-gram
 tables), decodes the server's verify batches and restores its checkpoints step by step
 (loop/loop.py, what `spec-replay trace` runs), and every emitted token carries the values of the row

@@ -133,6 +133,73 @@ class GrammarSampler:
             self._ptr = None
 
 
+def logit_biases(model, params: SamplingParams, *, suppress_tokens: bool) -> list[tuple[int, float]]:
+    """The logit-bias sampler's (token, bias) pairs, in the server's order: the request's logit_bias (a
+    text's every token: server-schema.cpp:445-452; ids outside the vocabulary dropped), -inf on every
+    end-of-generation token with ignore_eos, and -inf on the model's tokenizer.ggml.suppress_tokens
+    (b10182 and later, common/sampling.cpp:318)."""
+    out: list[tuple[int, float]] = []
+    for tok, bias in params.logit_bias:
+        if isinstance(tok, str):
+            out += [(t, bias) for t in model.tokenize(tok, add_special=False, parse_special=False)]
+        elif 0 <= tok < model.n_vocab:
+            out.append((int(tok), bias))
+    if params.eog_bias:
+        out += [(t, -math.inf) for t in model.eog_ids]
+    if suppress_tokens:
+        n_sup = ctypes.c_int32(0)
+        sup = L.llama_vocab_get_suppress_tokens(model.vocab, ctypes.byref(n_sup))
+        out += [(sup[i], -math.inf) for i in range(n_sup.value)]
+    return out
+
+
+def _stage(name: str, s: SamplingParams, vocab, n_vocab: int):
+    """One named sampler of the request's `samplers` list, as common_sampler_init makes it
+    (common/sampling.cpp:350-396); None for adaptive_p (it ends the chain: chain_samplers) and names it
+    does not make."""
+    if name == "dry":
+        brk = [b.encode() for b in s.dry_sequence_breakers]
+        c_brk = (ctypes.c_char_p * len(brk))(*brk)
+        return L.llama_sampler_init_dry(vocab, s.dry_multiplier, s.dry_base, s.dry_allowed_length,
+                                        s.dry_penalty_last_n, c_brk, len(brk))
+    make = {
+        "top_k": lambda: L.llama_sampler_init_top_k(s.top_k),
+        "top_p": lambda: L.llama_sampler_init_top_p(s.top_p, s.min_keep),
+        "top_n_sigma": lambda: L.llama_sampler_init_top_n_sigma(s.top_n_sigma),
+        "min_p": lambda: L.llama_sampler_init_min_p(s.min_p, s.min_keep),
+        "xtc": lambda: L.llama_sampler_init_xtc(s.xtc_probability, s.xtc_threshold, s.min_keep, s.seed),
+        "typ_p": lambda: L.llama_sampler_init_typical(s.typ_p, s.min_keep),
+        "temperature": lambda: L.llama_sampler_init_temp_ext(s.temp, s.dynatemp_range, s.dynatemp_exponent),
+        "infill": lambda: L.llama_sampler_init_infill(vocab),
+        "penalties": lambda: L.llama_sampler_init_penalties(n_vocab, s.penalty_last_n, s.penalty_repeat,
+                                                            s.penalty_freq, s.penalty_present),
+    }.get(name)
+    return make() if make is not None else None
+
+
+def chain_samplers(model, params: SamplingParams, *, suppress_tokens: bool) -> list:
+    """The samplers of common_sampler_init's chain, in order: the logit bias where there is any
+    (logit_biases; common/sampling.cpp:331-341), then with mirostat off the request's `samplers` in its
+    order and the selecting sampler, dist, or adaptive_p in its place when the list names it (:344-404);
+    with mirostat 1 or 2, temperature and that mirostat (:405-411)."""
+    vocab, n_vocab, s = model.vocab, model.n_vocab, params
+    out = []
+    biases = logit_biases(model, params, suppress_tokens=suppress_tokens)
+    if biases:
+        arr = (L.llama_logit_bias * len(biases))(*[L.llama_logit_bias(t, b) for t, b in biases])
+        out.append(L.llama_sampler_init_logit_bias(n_vocab, len(biases), arr))
+    if s.mirostat == 1:
+        return out + [L.llama_sampler_init_temp(s.temp),
+                      L.llama_sampler_init_mirostat(n_vocab, s.seed, s.mirostat_tau, s.mirostat_eta, 100)]
+    if s.mirostat != 0:
+        return out + [L.llama_sampler_init_temp(s.temp),
+                      L.llama_sampler_init_mirostat_v2(s.seed, s.mirostat_tau, s.mirostat_eta)]
+    out += [x for x in (_stage(name, s, vocab, n_vocab) for name in s.samplers) if x is not None]
+    if "adaptive_p" in s.samplers:
+        return out + [L.llama_sampler_init_adaptive_p(s.adaptive_target, s.adaptive_decay, s.seed)]
+    return out + [L.llama_sampler_init_dist(s.seed)]
+
+
 class SamplerChain:
     """A libllama sampler chain built like common_sampler_init, with its own history, and the
     request's grammar beside it."""
@@ -152,73 +219,16 @@ class SamplerChain:
         self.grammar = GrammarSampler(model, grammar) if grammar is not None else None
         self.n_applies = 0  # chain passes so far: each draws once from dist's stream (comparison/divergence.py)
         self.passes = 0  # chain passes run, whatever a restore or a one-candidate pass does to n_applies (the work)
-        # the old one-candidate rule is dist's alone: mirostat and adaptive-p draw and update their state
-        # on one candidate too (llama-sampler.cpp: llama_sampler_mirostat_v2_apply), so only a chain that
-        # ends with dist is rolled back after such a pass
-        self._dist_last = False
         cp = L.llama_sampler_chain_default_params()
         cp.no_perf = True
         self._chain = L.llama_sampler_chain_init(cp)
-        vocab, n_vocab = model.vocab, model.n_vocab
-        add = lambda s: L.llama_sampler_chain_add(self._chain, s)
-
-        biases: list[tuple[int, float]] = []
-        for tok, bias in params.logit_bias:
-            if isinstance(tok, str):  # every token of the text gets the bias (server-schema.cpp:445-452)
-                biases += [(t, bias) for t in model.tokenize(tok, add_special=False, parse_special=False)]
-            elif 0 <= tok < n_vocab:  # ids outside the vocabulary are dropped
-                biases.append((int(tok), bias))
-        if params.eog_bias:
-            biases += [(t, -math.inf) for t in model.eog_ids]
-        if suppress_tokens:
-            n_sup = ctypes.c_int32(0)
-            sup = L.llama_vocab_get_suppress_tokens(vocab, ctypes.byref(n_sup))
-            biases += [(sup[i], -math.inf) for i in range(n_sup.value)]
-        if biases:
-            arr = (L.llama_logit_bias * len(biases))(*[L.llama_logit_bias(t, b) for t, b in biases])
-            add(L.llama_sampler_init_logit_bias(n_vocab, len(biases), arr))
-
-        s = params
-        if s.mirostat == 0:
-            adaptive = False
-            for name in s.samplers:
-                if name == "dry":
-                    brk = [b.encode() for b in s.dry_sequence_breakers]
-                    c_brk = (ctypes.c_char_p * len(brk))(*brk)
-                    add(L.llama_sampler_init_dry(vocab, s.dry_multiplier, s.dry_base, s.dry_allowed_length,
-                                                 s.dry_penalty_last_n, c_brk, len(brk)))
-                elif name == "top_k":
-                    add(L.llama_sampler_init_top_k(s.top_k))
-                elif name == "top_p":
-                    add(L.llama_sampler_init_top_p(s.top_p, s.min_keep))
-                elif name == "top_n_sigma":
-                    add(L.llama_sampler_init_top_n_sigma(s.top_n_sigma))
-                elif name == "min_p":
-                    add(L.llama_sampler_init_min_p(s.min_p, s.min_keep))
-                elif name == "xtc":
-                    add(L.llama_sampler_init_xtc(s.xtc_probability, s.xtc_threshold, s.min_keep, s.seed))
-                elif name == "typ_p":
-                    add(L.llama_sampler_init_typical(s.typ_p, s.min_keep))
-                elif name == "temperature":
-                    add(L.llama_sampler_init_temp_ext(s.temp, s.dynatemp_range, s.dynatemp_exponent))
-                elif name == "infill":
-                    add(L.llama_sampler_init_infill(vocab))
-                elif name == "penalties":
-                    add(L.llama_sampler_init_penalties(n_vocab, s.penalty_last_n, s.penalty_repeat, s.penalty_freq,
-                                                       s.penalty_present))
-                elif name == "adaptive_p":
-                    adaptive = True  # it selects the token, so it replaces dist at the end (:388-404)
-            if adaptive:
-                add(L.llama_sampler_init_adaptive_p(s.adaptive_target, s.adaptive_decay, s.seed))
-            else:
-                add(L.llama_sampler_init_dist(s.seed))
-                self._dist_last = True
-        elif s.mirostat == 1:
-            add(L.llama_sampler_init_temp(s.temp))
-            add(L.llama_sampler_init_mirostat(n_vocab, s.seed, s.mirostat_tau, s.mirostat_eta, 100))
-        else:
-            add(L.llama_sampler_init_temp(s.temp))
-            add(L.llama_sampler_init_mirostat_v2(s.seed, s.mirostat_tau, s.mirostat_eta))
+        n_vocab = model.n_vocab
+        for sampler in chain_samplers(model, params, suppress_tokens=suppress_tokens):
+            L.llama_sampler_chain_add(self._chain, sampler)
+        # the old one-candidate rule is dist's alone: mirostat and adaptive-p draw and update their state
+        # on one candidate too (llama-sampler.cpp: llama_sampler_mirostat_v2_apply), so only a chain that
+        # ends with dist is rolled back after such a pass
+        self._dist_last = params.mirostat == 0 and "adaptive_p" not in params.samplers
         self._buf = np.empty(n_vocab, dtype=TOKEN_DATA)
         self._buf["id"] = np.arange(n_vocab, dtype=np.int32)
 

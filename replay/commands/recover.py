@@ -14,11 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from replay.comparison.judgement import judgement_notes
 from replay.comparison.values import (
     BATCH_BOUND,
-    APPROXIMATE_DRIFT,
     DEFAULT_TOLERANCE,
-    SHARED_ENTRY_DRIFT,
     TokenReport,
     compare,
     judge_numerics,
@@ -240,39 +239,11 @@ class Recoverer:
         outcomes = [replace(o, report=r) for o, r in zip(outcomes, judged)]
         tokens = [o.report for o in outcomes]
         notes = list(read.notes) + ([run.prefix.note] if run.prefix.note else []) + list(run.notes)
-        if run.approximate_from is not None:
-            notes.append(f"values from token {run.approximate_from} on are approximate (real entries judged within "
-                         f"{APPROXIMATE_DRIFT} nats, as measured): {run.approximate_why}" + (
-                             "; not replayed through the server's loop, which computes them in its batches: "
-                             + run.schedule["loop"]["why"] if "loop" in run.schedule else ""))
         shared = bool(read.shared)  # evidence or --shared-batches: approximate whatever its real entries say
-        if shared and not batched:  # (where they disagreed, the judgement's note below says so)
-            notes.append(f"values after the first entry are approximate: {cause}, which this replay (one request at "
-                         "a time) does not reproduce; its real entries agreed with this replay's, which says little "
-                         f"of the rows between them (single entries measured up to {SHARED_ENTRY_DRIFT} nats off on "
-                         "4-slot servers)")
-        loop = run.schedule.get("loop", {})
-        if run.approximate_from is not None or not loop.get("replayed"):
-            pass  # (said above, or nothing replayed)
-        elif shared:
-            notes.append("the server's loop was replayed for this request alone (its drafts and verify batches, "
-                         "without the other requests' rows)")
-        else:
-            notes.append("values computed in the server's batches by replaying its loop (drafts, verify batches, "
-                         "checkpoint restores): " + (
-                             f"its draft totals ({loop['draft_n']} drafted, {loop['draft_n_accepted']} accepted) equal "
-                             "the server's" if loop["totals_checked"] else
-                             "the server sent no draft totals, so its real entries alone confirm the batches"))
-        if batched:
-            worst = max((abs(t.server_logprob - t.true_logprob) for t in tokens
-                         if t.real_pairs and t.server_logprob is not None and t.true_logprob is not None),
-                        default=weighted)
-            notes.append(f"the server's real values differ from this replay's ({self.backend.name}, one request) "
-                         f"by up to {worst:.3g} nats ({weighted:.3g} weighted by probability, first "
-                         f"entry and record): {cause}; within the {self.options.batch_bound} nats other "
-                         "numerics explain (a requantised model file measured 0.38 or more, first entries 0.17 "
-                         "or more), so they are kept as "
-                         f"sent and the rest gets {self.backend.name} one-request values, which are approximate")
+        notes += judgement_notes(approximate_from=run.approximate_from, approximate_why=run.approximate_why,
+                                 loop=run.schedule.get("loop"), cause=cause, shared=shared, batched=batched,
+                                 tokens=tokens, weighted=weighted, backend=self.backend.name,
+                                 batch_bound=self.options.batch_bound)
         error = None
         if run.unaligned is not None:
             error = str(run.unaligned)

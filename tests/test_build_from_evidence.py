@@ -146,12 +146,11 @@ def test_a_hybrid_mtp_target_quantized_to_q4_0_on_another_machine(b11434, patche
         read_text(json.dumps(t), "truth")[0])] for t in truth]
 
 
-def test_a_record_with_no_real_entry_is_approximate_within_a_bound_that_holds(b11434, patched, smollm2,
-                                                                               smollm2_draft, tmp_path):
-    """A stream that asked for no probabilities: nothing tells the kernels. Every class computes the record
-    for the bound; the true values (the patched server's, the same request not streamed, with n_probs 1)
-    are within it of what recover wrote."""
-    body = {"prompt": STORY + "The keeper", "n_predict": 32, "temperature": 0.0}
+def _stream_recovered(b11434, patched, smollm2, smollm2_draft, tmp_path, *, n_predict: int):
+    """A greedy SmolLM2 stream that asked for no probabilities, from a server on VARIANT, recovered from the
+    file alone: (its record's report, the values recover wrote, the patched server's for the same request
+    with n_probs 1)."""
+    body = {"prompt": STORY + "The keeper", "n_predict": n_predict, "temperature": 0.0}
     cfg = ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",))
     plain = _record(b11434.with_cpu(VARIANT).server, cfg, [RequestItem("/completion", {**body, "stream": True})])
     truth = _record(patched.with_cpu(VARIANT).server, cfg, [RequestItem("/completion", {**body, "n_probs": 1})])
@@ -160,10 +159,19 @@ def test_a_record_with_no_real_entry_is_approximate_within_a_bound_that_holds(b1
     out = tmp_path / "fixed.jsonl"
     p = cli("recover", src, "-m", smollm2, "-o", out, "--json")
     assert p.returncode == 0, p.stderr[-2000:]
-    n = json.loads(p.stdout)["records"][0]["numerics"]
-    assert n["approximate"] is True and n["bound"] is not None and n["cpu"]["how"] == "default", n
     got = _values(out.read_text())[0]
     want = [(e.id, e.logprob) for e in record_entries(read_text(json.dumps(truth[0]), "truth")[0])]
+    return json.loads(p.stdout)["records"][0], got, want
+
+
+def test_a_record_with_no_real_entry_is_approximate_within_a_bound_that_holds(b11434, patched, smollm2,
+                                                                               smollm2_draft, tmp_path):
+    """A stream that asked for no probabilities: nothing tells the kernels. Every class computes the record
+    for the bound; the true values (the patched server's, the same request not streamed, with n_probs 1)
+    are within it of what recover wrote."""
+    r, got, want = _stream_recovered(b11434, patched, smollm2, smollm2_draft, tmp_path, n_predict=32)
+    n = r["numerics"]
+    assert n["approximate"] is True and n["bound"] is not None and n["cpu"]["how"] == "default", n
     assert [i for i, _ in got] == [i for i, _ in want]
     off = max(abs(a - b) for (_, a), (_, b) in zip(got, want))
     print(f"no real entry: bound {n['bound']:.4g} nats, true error {off:.4g}")
@@ -177,23 +185,12 @@ def test_a_record_with_no_real_entry_is_told_by_its_tokens_and_draft_totals(b114
     server's timings say (measured: zen4 accepts 117 of 123 drafts where the server accepted 118). That class
     alone is left: the values are exact, computed in the server's verify batches (past 256 positions a
     one-token decode computes them apart), and equal the patched server's; the report names the evidence."""
-    body = {"prompt": STORY + "The keeper", "n_predict": 160, "temperature": 0.0}
-    cfg = ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",))
-    plain = _record(b11434.with_cpu(VARIANT).server, cfg, [RequestItem("/completion", {**body, "stream": True})])
-    truth = _record(patched.with_cpu(VARIANT).server, cfg, [RequestItem("/completion", {**body, "n_probs": 1})])
-    src = tmp_path / "stream.jsonl"
-    src.write_text(json.dumps(plain[0]) + "\n")
-    out = tmp_path / "fixed.jsonl"
-    p = cli("recover", src, "-m", smollm2, "-o", out, "--json")
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(p.stdout)["records"][0]
+    r, got, want = _stream_recovered(b11434, patched, smollm2, smollm2_draft, tmp_path, n_predict=160)
     n = r["numerics"]
     assert n["approximate"] is False and n["bound"] is None, n
     assert n["cpu"]["variant"] == VARIANT and n["cpu"]["how"] == "loop", n["cpu"]
     assert "zen4 record 1: its loop replay" in n["cpu"]["description"], n["cpu"]["description"]
     assert r["schedule"]["loop"]["replayed"] and r["schedule"]["loop"]["totals_checked"], r["schedule"]
-    got = _values(out.read_text())[0]
-    want = [(e.id, e.logprob) for e in record_entries(read_text(json.dumps(truth[0]), "truth")[0])]
     assert [i for i, _ in got] == [i for i, _ in want] and len(got) > 100
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want)) <= 1e-6
 

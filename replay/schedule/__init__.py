@@ -5,4 +5,5 @@
     spans.py    where a chat prompt's user messages start (the chat autoparser's delimiters), pure
     prefix.py   what a record keeps of the KV the record before it left (the server's cache_n), pure
     memory.py   SlotMemory: a slot's contexts and checkpoints in-process, running those decisions
+    step_memory.py  the slot's memory through a speculative step: checkpoint, trim, restore
 """

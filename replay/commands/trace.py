@@ -28,7 +28,8 @@ from replay.comparison.trace import (
     recorded_candidates,
 )
 from replay.errors import ModelError, located
-from replay.loop.loop import Request, SpeculativeLoop
+from replay.loop.loop import SpeculativeLoop
+from replay.loop.request import Request
 from replay.loop.replayable import drafts_with_model
 from replay.loop.state import SlotState
 from replay.loop.work import Work, since

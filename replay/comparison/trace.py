@@ -27,7 +27,8 @@ from replay.comparison.divergence import (
     measured_noise,
     possibly_ahead,
 )
-from replay.loop.loop import Emitted, Step
+from replay.loop.emission import Emitted
+from replay.loop.request import Step
 from replay.loop.work import Work
 from replay.runtime.binding import library_in_use
 from replay.runtime.llama import Model

@@ -14,7 +14,7 @@ history, and q the draft's. A draft then keeps k or more tokens with probability
 keeps sum_k a[0]...a[k-1] tokens on average. At temperature 0, p is one-hot: a[j] is 0 or 1 and the
 expectation is the count. "Kept" is what the server counts as an accepted draft (draft_n_accepted):
 sample-and-match stops at a matched end-of-generation token before the draft's end and counts it as the
-target's own draw, so such a token and every one after it keep nothing (loop/loop.py acceptance).
+target's own draw, so such a token and every one after it keep nothing (`acceptances`).
 
 What this is exact for: the verifier's draws, given each draft and the context it was drafted in. A
 probabilistic draft's own draws (draft-simple sampling at temperature > 0) are one sample. Chains whose
@@ -23,7 +23,10 @@ adaptive-p's state, XTC's own draw) have no such p: `not_expectable` names them.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
+
+from replay.loop.verifiers import ChainRows
+from replay.loop.verify import prob_of
 
 
 def acceptance_prob(rule: str, p: float, q: float | None) -> float:
@@ -87,3 +90,32 @@ def not_expectable(params, has_grammar: bool) -> str | None:
     if "xtc" in params.samplers and params.xtc_probability > 0 and params.xtc_threshold <= 0.5:
         return "XTC draws its own cut"
     return None
+
+
+def acceptances(draft: Sequence[int], q: list | None, ctx, chain, *, is_eog: Callable[[int], bool],
+                eog_rule: bool) -> list[float]:
+    """a[j] for every position of a draft verified on the target context's last batch (`ctx`, whose
+    row j scores d[j]) by the target chain `chain` (runtime/sampler.py): the chain's p of d[j] at row j
+    with d[0..j) accepted into its history, divided by q under the rejection rule (q given), else
+    sample-and-match's; 0 from an end-of-generation draft token before the draft's end on (with the
+    build's `eog_rule`, sample-and-match stops there and counts it as no accepted draft:
+    match_continues, common/sampling.cpp:696). The chain (its history, random state and pass count) is
+    put back as it was, so verification then runs as the server's."""
+    rule = "rejection" if q is not None else "sample-and-match"  # as the loop's verify chooses
+    rows = ChainRows(ctx, chain)
+    snap, passes = chain.snapshot(), chain.passes
+    out: list[float] = []
+    try:
+        for j, d_tok in enumerate(draft):
+            cands, _ = chain.apply(ctx.logits(j))
+            p = float(rows.target_p(cands)[cands["id"] == d_tok].sum()) if len(cands) else 0.0
+            q_j = float(prob_of(q[j][0], q[j][1], d_tok)) if rule == "rejection" else None
+            if rule == "sample-and-match" and eog_rule and is_eog(d_tok) and j + 1 < len(draft):
+                out += [0.0] * (len(draft) - j)
+                break
+            out.append(acceptance_prob(rule, p, q_j))
+            chain.accept(d_tok)
+    finally:
+        chain.restore(snap)
+        chain.passes = passes  # not the server's work
+    return out

@@ -256,7 +256,8 @@ def _trace_init(target: str, draft: str, share: int) -> None:
 
 def _trace_seed(args: tuple[list[int], str, int]) -> tuple[int, tuple[int, ...]]:
     from replay.builds.loop_shapes import NEWEST
-    from replay.loop.loop import Request, SpeculativeLoop
+    from replay.loop.loop import SpeculativeLoop
+    from replay.loop.request import Request
     from replay.schedule.memory import SlotConfig
     from replay.settings import ContextConfig
     from replay.settings import resolve

@@ -92,6 +92,24 @@ def test_ngram_map_k_drafts_as_many_tokens_as_were_last_accepted():
     assert drafter.draft(seq[:19], seq[19], n_max=10) == [1]
 
 
+
+def _k4v_after(blocks: list[list[int]]) -> list[int]:
+    """k4v's draft for the key [1, 2] after a text where it was followed by each of `blocks` in turn."""
+    seq: list[int] = []
+    for i, b in enumerate(blocks):
+        seq += [1, 2] + b + [20 + i, 30 + i]
+    drafter = NgramMap(False, size_n=2, size_m=3, min_hits=1)
+    drafter.begin(seq[:5])
+    return drafter.draft(seq + [1], 2, n_max=10)
+
+
+def test_ngram_map_k4v_drafts_only_when_one_continuation_occurs_twice_as_often_as_the_others():
+    a, b = [7, 8, 9], [6, 5, 4]
+    assert _k4v_after([a, b]) == [] and _k4v_after([a, b, a, b]) == []  # no continuation dominates
+    # A dominates two to one, and what is drafted is the matched (latest) occurrence's continuation,
+    # B, as upstream does (common/ngram-map.cpp:503-507)
+    assert _k4v_after([a, a, b]) == b
+
 # --- ngram-cache ---------------------------------------------------------------------------
 
 def test_ngram_cache_chains_its_most_frequent_continuations_up_to_eight_tokens():

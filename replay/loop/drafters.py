@@ -236,6 +236,9 @@ class NgramMap:
         return all(inp[j + k] == key[k] for k in range(self.n))
 
     def draft(self, inp: Sequence[int], sampled: int, n_max: int) -> list[int]:
+        """common_ngram_map_draft (common/ngram-map.cpp:221-516): the earlier occurrence of the last n
+        tokens (the sampled one last), its key's statistics updated, and for k4v the continuation only when
+        one value dominates the key's others."""
         self.last_draft_created = False
         self.last_draft_key_idx = self.last_draft_value_idx = 0
         n, m, cur = self.n, self.m, len(inp)
@@ -243,31 +246,8 @@ class NgramMap:
             return []
         self.idx_last_check = cur
         key = list(inp[cur - n + 1:cur]) + [sampled]
-        match = 0
-        idx_key = self.key_map.get(_map_hash(key, 0, n) % NGRAM_HASH_MAP_SIZE, 0)
-        if idx_key != 0 and idx_key < cur - n - m - 1 and self._matches(inp, idx_key, key):
-            match = idx_key
-        if match == 0 and self.size_last_begin > n + m + 1:
-            for j in range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1):
-                if self._matches(inp, j, key):
-                    match = j
-                    break
-        if match == 0:
-            j = cur - n - m - 1
-            while j > self.size_last_begin and j > self.key_map_last_idx:
-                if self._matches(inp, j, key):
-                    match = j
-                    break
-                j -= 1
-        # add hashes of new n-grams, in the same order (only into empty buckets)
-        if self.size_last_begin > n + m + 1:
-            for j in range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1):
-                self.key_map.setdefault(_map_hash(inp, j, n) % NGRAM_HASH_MAP_SIZE, j)
-        j = cur - n - m - 1
-        while j > self.size_last_begin and j > self.key_map_last_idx:
-            self.key_map.setdefault(_map_hash(inp, j, n) % NGRAM_HASH_MAP_SIZE, j)
-            j -= 1
-        self.key_map_last_idx = max((cur - n - m - 1) & 0xFFFFFFFF, self.key_map_last_idx)
+        match = self._match(inp, key)
+        self._add_hashes(inp)
         if match == 0:
             return []
         offset = next((i for i, k in enumerate(self.keys) if self._matches(inp, k.key_idx, key)), len(self.keys))
@@ -281,6 +261,48 @@ class NgramMap:
             return list(inp[match + n:match + n + n_draft])
         if cur_key.key_num < self.min_hits:
             return []
+        self._count_values(inp, key, cur_key, match)
+        slot_max = _dominant_value(cur_key)
+        if slot_max is None:
+            return []
+        n_draft = min(m, cur_key.values[slot_max].n_accepted)
+        self.last_draft_created, self.last_draft_key_idx, self.last_draft_value_idx = True, offset, slot_max
+        return list(inp[match + n:match + n + n_draft])  # the matched occurrence's continuation (:503-507)
+
+    def _match(self, inp: Sequence[int], key: Sequence[int]) -> int:
+        """The key's earlier occurrence (0: none): its hash bucket's, else the newest one in the prompt
+        before size_last_begin, else the newest one after it, before the last n + m tokens."""
+        n, m, cur = self.n, self.m, len(inp)
+        idx_key = self.key_map.get(_map_hash(key, 0, n) % NGRAM_HASH_MAP_SIZE, 0)
+        if idx_key != 0 and idx_key < cur - n - m - 1 and self._matches(inp, idx_key, key):
+            return idx_key
+        if self.size_last_begin > n + m + 1:
+            for j in range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1):
+                if self._matches(inp, j, key):
+                    return j
+        j = cur - n - m - 1
+        while j > self.size_last_begin and j > self.key_map_last_idx:
+            if self._matches(inp, j, key):
+                return j
+            j -= 1
+        return 0
+
+    def _add_hashes(self, inp: Sequence[int]) -> None:
+        """The hashes of the n-grams not yet in the map, in the same order (only into empty buckets)."""
+        n, m, cur = self.n, self.m, len(inp)
+        if self.size_last_begin > n + m + 1:
+            for j in range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1):
+                self.key_map.setdefault(_map_hash(inp, j, n) % NGRAM_HASH_MAP_SIZE, j)
+        j = cur - n - m - 1
+        while j > self.size_last_begin and j > self.key_map_last_idx:
+            self.key_map.setdefault(_map_hash(inp, j, n) % NGRAM_HASH_MAP_SIZE, j)
+            j -= 1
+        self.key_map_last_idx = max((cur - n - m - 1) & 0xFFFFFFFF, self.key_map_last_idx)
+
+    def _count_values(self, inp: Sequence[int], key: Sequence[int], cur_key: "_Key", match: int) -> None:
+        """k4v: every occurrence of the key since its last count adds one to the value (the m tokens after
+        it) it continues with, a new value taking the first empty slot."""
+        n, m = self.n, self.m
         for i in range(cur_key.stat_idx, match + 1):
             if not self._matches(inp, i, key):
                 continue
@@ -299,21 +321,22 @@ class NgramMap:
                 val = cur_key.values[idx_value]
                 val.value_num = min(val.value_num + 1, NGRAM_MAX_VALUE_COUNT)
         cur_key.stat_idx = match
-        max_occur, slot_max = 0, 0
-        for v in range(NGRAM_MAX_VALUES):
-            if cur_key.values[v].value_num > max_occur:
-                max_occur, slot_max = cur_key.values[v].value_num, v
-        sum_occur = sum(cur_key.values[v].value_num for v in range(NGRAM_MAX_VALUES) if v != slot_max)
-        if sum_occur > 0 and max_occur < 2 * sum_occur:
-            return []
-        n_draft = min(m, cur_key.values[slot_max].n_accepted)
-        self.last_draft_created, self.last_draft_key_idx, self.last_draft_value_idx = True, offset, slot_max
-        return list(inp[match + n:match + n + n_draft])  # the matched occurrence's continuation (:503-507)
 
     def accept(self, n_accepted: int) -> None:
         if not self.last_draft_created:
             return
         self.keys[self.last_draft_key_idx].values[self.last_draft_value_idx].n_accepted = n_accepted
+
+
+def _dominant_value(key: "_Key") -> int | None:
+    """The slot of a key's most frequent value, when it occurs at least twice as often as all its others
+    together (or they never occur), else None: k4v drafts only then (common/ngram-map.cpp:461-498)."""
+    max_occur, slot_max = 0, 0
+    for v in range(NGRAM_MAX_VALUES):
+        if key.values[v].value_num > max_occur:
+            max_occur, slot_max = key.values[v].value_num, v
+    sum_occur = sum(key.values[v].value_num for v in range(NGRAM_MAX_VALUES) if v != slot_max)
+    return None if sum_occur > 0 and max_occur < 2 * sum_occur else slot_max
 
 
 # --- ngram-cache ----------------------------------------------------------------

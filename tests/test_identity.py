@@ -20,7 +20,7 @@ import pytest
 from cli_helpers import one_error, run
 
 from replay.reading.identity import Compared, ModelFacts, compare_model, file_name, mismatch
-from replay.comparison.values import wrong_everywhere
+from replay.comparison.judgement import wrong_everywhere
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
 from replay.transcripts.readers import overlapping, ran_with, shared_evidence

@@ -336,7 +336,7 @@ def test_four_requests_at_once_on_a_default_slot_mtp_server(b11434, patched, ser
     approximate for that reason (judged by the option or that evidence, never exact), its
     values within the batch bound of what the patched server reported under the same load wherever the
     two runs emitted the same tokens; trace reproduces each record or explains its parting by numerics."""
-    from replay.comparison.values import BATCH_BOUND
+    from replay.comparison.bounds import BATCH_BOUND
     n = 230  # the fixture's 256 positions a slot, less the prompt
     cfg = ServerConfig(FIXTURES / "tiny-hyv3-q8_0-mtp1.gguf", n_ctx=4 * 256, n_parallel=-1,
                        spec_types=("draft-mtp",))

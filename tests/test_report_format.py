@@ -120,7 +120,7 @@ def test_numerics_cause_names_the_evidence_its_text_gives(shared, kernels, slots
     """numerics.cause and numerics.why come from the same evidence; the name was once re-derived from
     the slot count and could contradict the text (kernels on an unknown slot count read "batch
     composition and kernels")."""
-    from replay.comparison.values import numerics_cause, numerics_kind
+    from replay.comparison.judgement import numerics_cause, numerics_kind
     rec = RecordReport("t.json", 1, "/completion", False, "logprob", 3, slots=slots, kernels=kernels,
                        cause=numerics_cause(shared, kernels), cause_kind=numerics_kind(shared, kernels), batched=True)
     num = rec.to_json()["numerics"]

@@ -2,7 +2,7 @@
 of a boundary, a near tie) or the loop (anything else), with the figures.
 
 A server with several slots decodes a request in batches shared with other requests, so its logits
-differ slightly from a one-request evaluation (comparison/values.py, BATCH_BOUND). At the first
+differ slightly from a one-request evaluation (comparison/bounds.py). At the first
 token where the trace and the transcript differ, the trace knows how it chose its token:
 
     sampled    the chain's dist sampler drew u from its own stream, mt19937(seed), one
@@ -28,11 +28,6 @@ import numpy as np
 
 from replay.numerics.rng import MT19937, canonical_double
 
-DEFAULT_NOISE = 0.1  # nats, when the transcript has no real values to measure it (the largest seen: 0.093)
-# nats, at a placeholder on a multi-slot server: the largest |server - one-request| difference on a real
-# value of 4 concurrent requests to a 4-slot b11434 server (SmolLM2 Q4_1, 12 records, all values up to
-# each record's first divergence: 0.416)
-MULTI_SLOT_NOISE = 0.42
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from replay.builds.loop_shapes import Shape
+from replay.comparison.bounds import DEFAULT_NOISE, MULTI_SLOT_NOISE
 from replay.comparison.divergence import (
-    DEFAULT_NOISE,
-    MULTI_SLOT_NOISE,
     Explanation,
     admitted,
     dist_draw,

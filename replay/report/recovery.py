@@ -7,15 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from replay.comparison.values import (
-    APPROXIMATE_DRIFT,
-    BATCH_BOUND,
-    FIRST_ENTRY_BOUND,
-    RECOVERED,
-    STATUSES,
-    TokenReport,
-    wrong_everywhere,
-)
+from replay.comparison.bounds import APPROXIMATE_DRIFT, BATCH_BOUND, FIRST_ENTRY_BOUND
+from replay.comparison.judgement import wrong_everywhere
+from replay.comparison.values import RECOVERED, STATUSES, TokenReport
 from replay.errors import Exit
 from replay.report import schema as report_json
 from replay.report.schema import REPORT_FORMAT, REPORT_VERSION
@@ -46,10 +40,10 @@ class RecordReport:
     server_backend: str = "CPU"  # runtime/backend.py: what the server computed on, as far as we know
     kernels: str | None = None  # why the server's kernels are not the replay's (None: the same kind)
     cpu: dict | None = None  # runtime/engine.py KernelChoice.to_json(): the CPU variant replayed on, and how chosen
-    cause: str | None = None  # comparison/values.py numerics_cause: why its values may differ from a one-request replay
-    cause_kind: str | None = None  # comparison/values.py numerics_kind: the same, named (numerics.cause)
-    weighted_diff: float | None = None  # comparison/values.py judge_numerics: weighted |server - true| of the real values
-    first_diff: float | None = None  # the same of the first real entry alone (comparison/values.py Disagreement)
+    cause: str | None = None  # comparison/judgement.py numerics_cause: why its values may differ from a one-request replay
+    cause_kind: str | None = None  # comparison/judgement.py numerics_kind: the same, named (numerics.cause)
+    weighted_diff: float | None = None  # comparison/judgement.py judge_numerics: weighted |server - true| of the real values
+    first_diff: float | None = None  # the same of the first real entry alone (comparison/judgement.py Disagreement)
     batched: bool = False  # the real values' disagreement was judged to be numerics (batches, kernels)
     shared: bool = False  # evidence (or --shared-batches) that its batches were shared: approximate, whatever its entries say
     bound: float = BATCH_BOUND  # the bound it was judged within (RecoverOptions.batch_bound)
@@ -65,7 +59,7 @@ class RecordReport:
         report says "approximate" (numerics.approximate, numerics.bound, numerics.approximate_why). The
         bound holds by construction: the spread of the kernel classes no evidence told apart (run/kernels/
         processes.py value_spread), the equal kernels' decode spread, the judged bound of shared batches
-        or other numerics (comparison/values.py), or the drift real entries were held to (APPROXIMATE_DRIFT).
+        or other numerics (comparison/judgement.py), or the drift real entries were held to (APPROXIMATE_DRIFT).
         None as the bound: none could be measured (the exit code says so: Exit.APPROXIMATE).
 
         >>> RecordReport("f", 1, "/completion", False, "logprob", 1).approximation() is None

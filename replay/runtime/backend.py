@@ -6,7 +6,7 @@ llama-cpp-python's libllama, or offloads with `-ngl` when that libllama was buil
 (llama_supports_gpu_offload). The server's backend is known from its flags (`-dev`, `-ngl`), or
 declared with `--server-backend` for what no flag says (another CPU: ARM NEON against x86 AVX2, or
 a build with other SIMD flags). Where the two differ, real values that disagree are judged like
-batches shared with other requests (comparison/values.py: judge_numerics).
+batches shared with other requests (comparison/judgement.py: judge_numerics).
 """
 from __future__ import annotations
 

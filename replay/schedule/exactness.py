@@ -20,7 +20,7 @@ def approximate_from(kinds: Sequence[str | None], n_prompt: int, *, checkpoints:
                      flash_attn_off: bool, tiled: bool = False, continued: bool = False,
                      speculative: bool = False) -> tuple[int | None, str]:
     """The first token whose values this replay cannot compute in the decodes the server computed them in,
-    and why (comparison/values.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py).
+    and why (comparison/bounds.py APPROXIMATE_DRIFT), or (None, ""). `kinds[k]` is token k's (schedule/rows.py).
 
     A checkpointing target past 256 positions: the server decoded accepted tokens again after restoring a
     checkpoint, in batches the transcript does not show. Flash attention off, from the first token a verify

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from replay.comparison.values import FIRST_ENTRY_BOUND
+from replay.comparison.bounds import FIRST_ENTRY_BOUND
 from replay.errors import KernelsError
 from replay.run.kernels.types import Probe
 from replay.runtime.engine import KernelChoice
@@ -140,7 +140,7 @@ def kernels_cannot_explain(measured: Sequence[Probe]) -> str | None:
     """Why no kernels explain how far the first entry is from every class probed (`measured`, nearest first),
     or None: every class computes it alike (within ALIKE: the model's values do not depend on kernels, as
     f32 weights do not) while the nearest is more than EXACT off, or the nearest is farther than shared batches
-    and other kernels move a first entry (comparison/values.py FIRST_ENTRY_BOUND).
+    and other kernels move a first entry (comparison/bounds.py FIRST_ENTRY_BOUND).
 
     >>> print(kernels_cannot_explain([Probe("zen4", 0.192, record=0), Probe("haswell", 0.192, record=0)]))
     first entry is 0.192 nats off, and every CPU kernel here computes it alike: kernels do not move this model's values

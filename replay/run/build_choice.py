@@ -2,6 +2,7 @@
 
     candidates_here() -> [BuildCandidate]          what `spec-replay build` made: release-style, unpatched
     choose_build(inputs, ...) -> BuildDecision      the first candidate whose kernels reproduce the evidence
+    build_decision(candidate, kernels) -> ...      what a build's kernel choice says of the build (pure)
 
 A transcript says which llama.cpp build served it through /props `build_info` (recorded by `record`) or
 the OpenAI endpoints' `system_fingerprint`; a native /completion response logged by a harness carries
@@ -10,9 +11,10 @@ neither, and a server built from a source tree without git history says `b0-unkn
 happens to be at hand: the candidates are the builds here that can compute as a release server does
 (every CPU variant, `libggml-cpu-<variant>.so`), the pinned b11434 first (what users run), then the
 others newest first. Each is judged as kernels are judged (run/kernels/policy.py): the first whose
-kernels reproduce a real first entry exactly computed it, and its loop shape is the one replayed
-(builds/loop_shapes.py). Where no record carries a real entry, nothing decides: b11434 is used and the
-run says the build is undecided. Where nothing is built, one line says how to get a build.
+kernels reproduce the evidence computed it (a real first entry exactly, or where no record carries
+one, the server's loop replayed emits the transcript's tokens and draft totals: policy.py _by_loop), and
+its loop shape is the one replayed (builds/loop_shapes.py). Where nothing decides, b11434 is used and the
+run says the build is undecided (build_decision). Where nothing is built, one line says how to get a build.
 """
 from __future__ import annotations
 
@@ -105,6 +107,34 @@ def nothing_built_line() -> str:
             "values come from llama-cpp-python's own library and are exact only where its first entry says so")
 
 
+def build_decision(cand: BuildCandidate, kernels: Kernels, *, witnessed: bool) -> BuildDecision | str:
+    """What a build's kernel choice (run/kernels/policy.py) says of the build, with its reason, or why the
+    build is out (a str): kernels that reproduce the evidence (a first entry exact, the loop's tokens and
+    draft totals) decide it; the nearest, at stated precision, rules it out; the default, or kernels
+    given with no real entry to judge them (`witnessed` False), leave it undecided (values approximate)."""
+    choice = kernels.choice
+    if choice is None or choice.how in ("default", "unknown"):
+        why = (f"{cand.name}, the default: nothing in the transcript tells the build "
+               f"({choice.why if choice is not None and choice.why else 'no real entry to compare'})")
+        return BuildDecision(cand, kernels, why, decided=False)
+    if choice.how == "tried":
+        return BuildDecision(cand, kernels, f"{cand.name}, tried first: record {choice.record + 1}'s first "
+                                            "entry decides as it is recovered", decided=True)
+    if choice.how == "loop":
+        return BuildDecision(cand, kernels, f"{cand.name}, from evidence: its loop replay emits the transcript's "
+                                            f"tokens and draft totals under {choice.variant}", decided=True)
+    if choice.how == "nearest":
+        return f"nearest {choice.variant} {choice.diff:.3g} nats off"
+    if choice.how == "given":  # the kernels are the user's; the build is evidence's only where an entry judges it
+        if not witnessed:
+            return BuildDecision(cand, kernels, f"{cand.name}, the default: no real entry tells the build", False)
+        return BuildDecision(cand, kernels, f"{cand.name}, the first entry judges it as it is recovered on "
+                                            f"{choice.variant} (--server-cpu)", decided=True)
+    rec = f"record {choice.record + 1}'s first entry" if choice.record is not None else "the first entry"
+    return BuildDecision(cand, kernels, f"{cand.name}, from evidence: {rec} exact under {choice.variant}"
+                                        f"{'' if choice.repack is not False else ' --no-repack'}", decided=True)
+
+
 def choose_build(inputs: Inputs, candidates: list[BuildCandidate], *, flags: dict, options: RecoverOptions,
                  server_cpu: str | None, say: Say, guess: bool = False) -> BuildDecision:
     """The first of `candidates` whose kernels reproduce the transcript's evidence (a real first entry,
@@ -122,28 +152,11 @@ def choose_build(inputs: Inputs, candidates: list[BuildCandidate], *, flags: dic
         except KernelsError as e:
             refused.append((cand, str(e)))
             continue
-        choice = kernels.choice
-        if choice is None or choice.how in ("default", "unknown"):
-            why = (f"{cand.name}, the default: nothing in the transcript tells the build "
-                   f"({choice.why if choice is not None and choice.why else 'no real entry to compare'})")
-            return BuildDecision(cand, kernels, why, decided=False)
-        if choice.how == "tried":
-            return BuildDecision(cand, kernels, f"{cand.name}, tried first: record {choice.record + 1}'s first "
-                                                "entry decides as it is recovered", decided=True)
-        if choice.how == "loop":
-            return BuildDecision(cand, kernels, f"{cand.name}, from evidence: its loop replay emits the transcript's "
-                                                f"tokens and draft totals under {choice.variant}", decided=True)
-        if choice.how == "nearest":
-            refused.append((cand, f"nearest {choice.variant} {choice.diff:.3g} nats off"))
+        decision = build_decision(cand, kernels, witnessed=bool(witnesses(inputs.records)))
+        if isinstance(decision, str):
+            refused.append((cand, decision))
             continue
-        if choice.how == "given":  # the kernels are the user's; the build is evidence's only where an entry judges it
-            if not witnesses(inputs.records):
-                return BuildDecision(cand, kernels, f"{cand.name}, the default: no real entry tells the build", False)
-            return BuildDecision(cand, kernels, f"{cand.name}, the first entry judges it as it is recovered on "
-                                                f"{choice.variant} (--server-cpu)", decided=True)
-        rec = f"record {choice.record + 1}'s first entry" if choice.record is not None else "the first entry"
-        return BuildDecision(cand, kernels, f"{cand.name}, from evidence: {rec} exact under {choice.variant}"
-                                            f"{'' if choice.repack is not False else ' --no-repack'}", decided=True)
+        return decision
     heads = "; ".join(f"{c.name}: {why.split(' (')[0] if len(why) > 160 else why}" for c, why in refused)
     raise KernelsError(f"the transcript names no build, and no build here reproduces its first entry ({heads}): "
                        "give --build N, the server's build (its llama-server --version), after "

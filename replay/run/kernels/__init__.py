@@ -1,10 +1,23 @@
-"""Which CPU kernels computed a transcript, found by evaluating its first real entry under each
-candidate this host runs (a release-style libllama's variants, with and without repack):
+"""Which CPU kernels computed a transcript, decided from its evidence as one pipeline, read top to bottom
+in policy.py choose_kernels (the build, where the transcript names none, is decided the same way, build
+by build: run/build_choice.py):
+
+    candidates  the variants the libllama holds that this CPU runs and whose kernels run here
+                (runtime/health.py), with the repack modes the flags leave open     policy.candidates_in
+    answers     the user's: --server-cpu (a variant, or the machine as its user
+                knows it: runtime/server_cpu.py), -nr, --server-backend            policy.given_variant
+    evidence    the witnesses' first real entries under each class of candidates,  choice.witnesses,
+                best first; the server's later real entries; where no entry tells, processes.probe_variants,
+                the server's loop replayed under each class (its tokens and draft  processes.loop_parted,
+                totals)                                                            policy._probed, _by_loop
+    decision    the class that computed them with its reasons, or one line saying  choice.choose_variant,
+                why none did and what to give                                       choice.told_by_loop
+    numerics    the KernelChoice that is the report's numerics.cpu                 runtime/engine.py
+
+Below the pipeline:
 
     types.py      the values passed around: ProbeJob, Candidate, Outcome, Witnessed, Probe (pure data)
-    choice.py     the witnesses, and the variant that reproduces the server or a one-line refusal (pure)
     classes.py    which candidates compute a model alike, learnt from the probes (pure, but for the keys)
     cache.py      probe results and classes kept under the cache root
     processes.py  the probes, one process per variant (a process holds one ggml)
-    policy.py     the candidates (--server-cpu, --no-repack, what runs here) and the choice among them
 """

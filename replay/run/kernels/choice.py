@@ -63,45 +63,51 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
     """
     skipped = [p for p in probes if p.skipped]
     probes = [p for p in probes if not p.skipped]
-    unprobed = tuple(x for p in skipped for x in (p.label, *p.same))
-    diffs = tuple((p.label, p.diff) for p in probes)
     exact = [p for p in probes if p.diff is not None and p.diff <= EXACT]
     if exact:
-        lead = exact[0]
+        return _among_exact(exact, probes, skipped, tolerance)
+    return _none_exact(probes, shared=shared, allow_nearest=allow_nearest, not_runnable=not_runnable,
+                       witnesses=witnesses, crashes=crashes)
+
+
+def _among_exact(exact: list[Probe], probes: list[Probe], skipped: list[Probe], tolerance: float) -> KernelChoice:
+    """The first exact probe, told apart from the other exact ones by the server's later real entries
+    (told_apart) where their one-token decodes differ by more than `tolerance`; a KernelsError where
+    nothing tells them apart (the server's log names its variant: --server-cpu)."""
+    lead = exact[0]
+    apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
+    differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
+    told = told_apart(exact) if differ else None
+    if told:  # the server's own entries after the first say which of them it computed with
+        exact, lead = told, told[0]
         apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
         differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
-        told = told_apart(exact) if differ else None
-        if told:  # the server's own entries after the first say which of them it computed with
-            exact, lead = told, told[0]
-            apart = [(p, decode_distance(lead, p)) for p in exact[1:]]
-            differ = [(p, d) for p, d in apart if d is not None and d > tolerance]
-        if differ:
-            names = ", ".join(p.label for p in [lead, *(p for p, _ in differ)])
-            head = (f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
-                    "of the tokens after it differ")
-            raise KernelsError(f"{head}: give --server-cpu VARIANT, the one the server loaded").with_detail(
-                f"{head} (by up to {max(d for _, d in differ):.3g} nats): the transcript cannot tell which computed "
-                "the server's; give --server-cpu with the variant its llama.cpp loaded (the server's log names it: "
-                "load_backend: loaded CPU backend from ...libggml-cpu-<variant>.so)")
-        spread = max((d for _, d in apart if d is not None), default=None)
-        equal = (*lead.same, *(x for p, _ in apart for x in (p.label, *p.same)))
-        return KernelChoice(lead.variant, "matched", lead.diff, lead.record, equal, diffs=diffs,
-                            spread=spread if spread and spread > EXACT else None, repack=lead.repack,
-                            unprobed=unprobed, why_unprobed=skipped[0].skipped if skipped else None)
+    if differ:
+        names = ", ".join(p.label for p in [lead, *(p for p, _ in differ)])
+        head = (f"record {lead.record + 1}'s first entry is reproduced exactly by {names}, whose one-token decodes "
+                "of the tokens after it differ")
+        raise KernelsError(f"{head}: give --server-cpu VARIANT, the one the server loaded").with_detail(
+            f"{head} (by up to {max(d for _, d in differ):.3g} nats): the transcript cannot tell which computed "
+            "the server's; give --server-cpu with the variant its llama.cpp loaded (the server's log names it: "
+            "load_backend: loaded CPU backend from ...libggml-cpu-<variant>.so)")
+    spread = max((d for _, d in apart if d is not None), default=None)
+    equal = (*lead.same, *(x for p, _ in apart for x in (p.label, *p.same)))
+    return KernelChoice(lead.variant, "matched", lead.diff, lead.record, equal,
+                        diffs=tuple((p.label, p.diff) for p in probes),
+                        spread=spread if spread and spread > EXACT else None, repack=lead.repack,
+                        unprobed=tuple(x for p in skipped for x in (p.label, *p.same)),
+                        why_unprobed=skipped[0].skipped if skipped else None)
+
+
+def _none_exact(probes: list[Probe], *, shared: str | None, allow_nearest: str | None, not_runnable: Sequence[str],
+                witnesses: Sequence[int], crashes: Sequence[str]) -> KernelChoice:
+    """No probe is exact: an error every variant shares is the record's; a first entry no kernels explain
+    is the model's or the build's; with shared batches the kernels are "unknown"; with `allow_nearest` the
+    nearest; else a KernelsError naming the nearest, its distance and the likely causes."""
+    diffs = tuple((p.label, p.diff) for p in probes)
     measured = sorted((p for p in probes if p.diff is not None), key=lambda p: p.diff)
     if not measured:
-        errors = "; ".join(f"{p.label}: {p.error}" for p in probes) or "no CPU variant to evaluate"
-        which = f"record {probes[0].record + 1}'s first entry" if probes and probes[0].record is not None else \
-            "the first entry"
-        distinct = list(dict.fromkeys(str(p.error) for p in probes))
-        if len(distinct) == 1:  # the same failure under every variant: the record's, not the kernels'
-            # an error that names its record is the record's own (a context too small, a wrong model): as it is
-            raise KernelsError(distinct[0] if ", record " in distinct[0] else
-                               f"{which} could not be evaluated: {distinct[0]}").with_detail(
-                f"{which} could not be evaluated under any CPU variant ({errors})")
-        raise KernelsError(f"{which} could not be evaluated under any CPU variant ({distinct[0]}; and "
-                           f"{len(distinct) - 1} other error(s))").with_detail(
-            f"{which} could not be evaluated under any CPU variant ({errors})")
+        raise _unevaluated(probes)
     near = measured[0]
     not_numerics = kernels_cannot_explain(measured)
     if not_numerics and (allow_nearest or not shared):
@@ -134,6 +140,22 @@ def choose_variant(probes: Sequence[Probe], *, shared: str | None = None, allow_
         f"build with other flags, or a CPU variant this host cannot run{beyond}"
         + "".join(f"; {c}" for c in crashes) + "; give --server-backend NAME to recover at stated precision on the "
         "nearest")
+
+
+def _unevaluated(probes: list[Probe]) -> KernelsError:
+    """No probe evaluated the first entry: the same failure under every variant is the record's own."""
+    errors = "; ".join(f"{p.label}: {p.error}" for p in probes) or "no CPU variant to evaluate"
+    which = f"record {probes[0].record + 1}'s first entry" if probes and probes[0].record is not None else \
+        "the first entry"
+    distinct = list(dict.fromkeys(str(p.error) for p in probes))
+    if len(distinct) == 1:  # the same failure under every variant: the record's, not the kernels'
+        # an error that names its record is the record's own (a context too small, a wrong model): as it is
+        return KernelsError(distinct[0] if ", record " in distinct[0] else
+                            f"{which} could not be evaluated: {distinct[0]}").with_detail(
+            f"{which} could not be evaluated under any CPU variant ({errors})")
+    return KernelsError(f"{which} could not be evaluated under any CPU variant ({distinct[0]}; and "
+                        f"{len(distinct) - 1} other error(s))").with_detail(
+        f"{which} could not be evaluated under any CPU variant ({errors})")
 
 
 def kernels_cannot_explain(measured: Sequence[Probe]) -> str | None:

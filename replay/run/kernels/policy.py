@@ -87,23 +87,77 @@ def _verdicts(bin_dir: Path, names: list[str], say: Say) -> dict[str, health.Hea
     return health.verdicts(bin_dir, names)
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """Stage 1, the candidates: the variants `lib_dir` holds (`present`), those this CPU runs by its flags
+    (`can`) and their health verdicts here, the repack modes left open and where that comes from, the
+    (variant, repack) pairs that run here best first, llama.cpp's default (extra buffer types) first, and
+    the lines on those whose kernels crash here."""
+
+    lib_dir: Path
+    present: list[str]
+    can: list[str]
+    verdicts: dict[str, health.Health]
+    modes: list[bool]
+    modes_from: str
+    pairs: list[Candidate]
+    crashes: tuple[str, ...]
+
+    @property
+    def beyond(self) -> list[str]:
+        """Variants built but beyond this CPU."""
+        return [n for n in self.present if n not in self.can]
+
+
+def candidates_in(lib_dir: Path, present: list[str], modes: list[bool], modes_from: str, say: Say) -> Candidates:
+    """The candidates of a release-style libllama's variants (stage 1), each variant's health asked once."""
+    can = runnable(present, host_cpu_flags())
+    verdicts = _verdicts(lib_dir, can, say)
+    crashes = tuple(verdicts[v].describe() for v in can if not all(verdicts[v].runs(m) for m in modes))
+    pairs = [Candidate(v, m) for m in modes for v in can if verdicts[v].runs(m)]
+    for line in crashes:
+        say(f"kernels: {line}: not a candidate")
+    return Candidates(lib_dir, present, can, verdicts, modes, modes_from, pairs, crashes)
+
+
+def given_variant(server_cpu: str, cands: Candidates) -> KernelChoice:
+    """Stage 2, the user's answer: --server-cpu names the kernels, so the repack is llama.cpp's default
+    (extra buffer types) unless the command line or the transcript says --no-repack; the first entry's
+    comparison judges it as it is recovered. One line where the answer cannot be the server's here."""
+    if server_cpu not in cands.present:
+        raise KernelsError(f"--server-cpu {server_cpu}: {cands.lib_dir} has no libggml-cpu-{server_cpu}.so")
+    if server_cpu not in cands.can:
+        raise KernelsError(f"--server-cpu {server_cpu}: this CPU cannot run it (it runs {', '.join(cands.can) or 'none'}); "
+                           "recover on a machine that can, or give --server-backend to recover at stated "
+                           "precision")
+    repack = cands.modes[0]
+    if not cands.verdicts[server_cpu].runs(repack):
+        raise KernelsError(f"--server-cpu {server_cpu}: {cands.verdicts[server_cpu].describe()}; the transcript needs "
+                           "a host that runs its kernels")
+    return KernelChoice(server_cpu, "given", repack=repack, crashes=cands.crashes)
+
+
 def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options: RecoverOptions,
                    server_cpu: str | None, say: Say, guess: bool = False) -> Kernels:
-    """The CPU variant (and repack) to replay on from the release-style libllama in `lib_dir`. Probing
-    evaluates the first real entry under each candidate and keeps the exact one, told apart from
-    others equal to it by their one-token decodes (choice.py). A transcript that shows batches shared
-    with other requests (several slots, --shared-batches) is probed on several records' first entries;
-    with none exact its kernels are "unknown" and the best candidate is used. Otherwise nothing exact is
-    a KernelsError, unless --server-backend allows the nearest.
+    """The CPU variant (and repack) to replay on from the release-style libllama in `lib_dir`, as one
+    pipeline (run/kernels/__init__.py):
 
-    `guess` (a caller that can start again on other kernels: cli/recover.py, one record): where the
-    kernel signatures alone say the best class's probe would settle it (processes.py best_settles), the
-    run itself is that probe: it computes on the best class, and its first entry, as it is recovered,
-    confirms the choice or sends the caller back here (`Kernels.tried`)."""
-    records = inputs.records
+        candidates  what `lib_dir` holds that runs here, with the repack modes left open   candidates_in
+        answers     --server-cpu (a variant, or the machine as its user knows it)          given_variant
+        evidence    the first real entry of the witnesses under each candidate class, the  _probed
+                    later real entries, the loop's tokens and draft totals (processes.py)  (_tried, _by_loop)
+        decision    the class that computed them, or a one-line refusal (choice.py)        choose_variant
+        numerics    the KernelChoice the report's `numerics.cpu` is (runtime/engine.py)
+
+    A transcript that shows batches shared with other requests (several slots, --shared-batches) is
+    probed on several records' first entries; with none exact its kernels are "unknown" and the best
+    candidate is used. Otherwise nothing exact is a KernelsError, unless --server-backend allows the
+    nearest. `guess` (a caller that can start again on other kernels: cli/recover.py, one record): where
+    the kernel signatures alone say the best class's probe would settle it (processes.py best_settles),
+    the run itself is that probe, confirmed or sent back here by its first entry (`Kernels.tried`)."""
     present = variants_in(lib_dir) if lib_dir else []
-    modes, modes_from = repack_modes(flags, records)
-    if not present:
+    modes, modes_from = repack_modes(flags, inputs.records)
+    if not present:  # a libllama that links one ggml-cpu in: nothing to choose
         if server_cpu:
             raise UsageError(f"--server-cpu {server_cpu}: the libllama in use ({lib_dir or 'llama-cpp-python own'}) "
                              "links one CPU backend in; build a release-style one (spec-replay build) or give "
@@ -119,33 +173,14 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
         if server_cpu and server_cpu != have:
             raise KernelsError(f"--server-cpu {server_cpu}: this process already computes with the {have} kernels")
         return Kernels(KernelChoice(have, "default", why="already loaded in this process"), None)
-    can = runnable(present, host_cpu_flags())
-    beyond = [n for n in present if n not in can]
-    verdicts = _verdicts(lib_dir, can, say)
-    crashes = tuple(verdicts[v].describe() for v in can if not all(verdicts[v].runs(m) for m in modes))
-    # llama.cpp's default (extra buffer types) first, each mode's variants best first
-    candidates = [Candidate(v, m) for m in modes for v in can if verdicts[v].runs(m)]
-    for line in crashes:
-        say(f"kernels: {line}: not a candidate")
+    cands = candidates_in(lib_dir, present, modes, modes_from, say)
+    job = ProbeJob(inputs, flags, options, lib_dir)
     if server_cpu:
-        if server_cpu not in present:
-            raise KernelsError(f"--server-cpu {server_cpu}: {lib_dir} has no libggml-cpu-{server_cpu}.so")
-        if server_cpu not in can:
-            raise KernelsError(f"--server-cpu {server_cpu}: this CPU cannot run it (it runs {', '.join(can) or 'none'}); "
-                               "recover on a machine that can, or give --server-backend to recover at stated "
-                               "precision")
-        # the kernels are given: so is the repack, as llama.cpp's default (extra buffer types) unless the
-        # command line or the transcript says --no-repack; the first entry's comparison judges it
-        repack = modes[0]
-        if not verdicts[server_cpu].runs(repack):
-            raise KernelsError(f"--server-cpu {server_cpu}: {verdicts[server_cpu].describe()}; the transcript needs a "
-                               "host that runs its kernels")
-        choice = KernelChoice(server_cpu, "given", repack=repack, crashes=crashes)
-        if modes_from == "probed":
-            modes_from = "default"
-    elif not candidates:
-        raise KernelsError(f"none of the CPU variants in {lib_dir} runs on this host: " + "; ".join(crashes))
-    elif guess and (tried := _tried(ProbeJob(inputs, flags, options, lib_dir), candidates, crashes)) is not None:
+        choice = given_variant(server_cpu, cands)
+        modes_from = "default" if modes_from == "probed" else modes_from
+    elif not cands.pairs:
+        raise KernelsError(f"none of the CPU variants in {lib_dir} runs on this host: " + "; ".join(cands.crashes))
+    elif guess and (tried := _tried(job, cands.pairs, cands.crashes)) is not None:
         choice, settling = tried
         say(f"kernels: {VARIANTS[choice.variant].label if choice.variant in VARIANTS else choice.variant}"
             f"{'' if choice.repack else ' --no-repack'}, tried first: {settling.why.split(', and ', 1)[1]}; "
@@ -153,8 +188,7 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
         return Kernels(choice, choice.repack, Tried(settling.key, choice.record, settling.lead.variant,
                                                     settling.lead.repack))
     else:
-        choice = _probed(ProbeJob(inputs, flags, options, lib_dir), candidates, beyond=beyond, crashes=crashes,
-                         say=say)
+        choice = _probed(job, cands.pairs, beyond=cands.beyond, crashes=cands.crashes, say=say)
     say(f"kernels: {choice.describe()}" + (f" (repack: {modes_from})" if modes_from != "probed" else ""))
     return Kernels(choice, choice.repack)
 

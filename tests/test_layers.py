@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "replay"
 # bottom to top: the data flows transcript -> tokens -> evaluation -> comparison -> report, with the
 # commands, the runners of many records, the proof harness and the CLI on top
 LAYERS = ("version", "errors", "paths", "numerics", "settings", "builds", "runtime", "llamacpp", "transcripts", "schedule",
-          "tokens", "reading", "loop", "evaluation", "comparison", "tuning", "report", "commands", "run", "scale", "proof", "cli")
+          "tokens", "reading", "loop", "evaluation", "comparison", "tuning", "report", "commands", "run", "scale", "proxy", "proof", "cli")
 RANK = {name: k for k, name in enumerate(LAYERS)}
 
 

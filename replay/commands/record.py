@@ -127,6 +127,21 @@ def server_snapshot(url: str) -> dict:
             **({"models_meta": meta} if meta else {})}
 
 
+def transcript_of(endpoint: str, body: dict, added: tuple[str, ...], prompt_ids: list[int], server: dict, *,
+                  response: Any = None, events: list | None = None, recorded_at: str | None = None) -> dict:
+    """A transcript in this format (transcripts/format.py) of one exchange: the body sent, the fields added
+    to it, the response (or the stream's events, their data payloads), the prompt ids and the server's
+    snapshot with its flags (`server`: server_snapshot's, with "flags"); `recorded_at`: when it was sent
+    (now, if not given)."""
+    return {
+        "format": FORMAT, "version": VERSION, "recorded_at": recorded_at or now_iso(), "tool": f"spec-replay {__version__}",
+        "endpoint": endpoint, "request": body, "added_fields": list(added), "stream": events is not None,
+        "response": response, "events": events,
+        "prompt_tokens": prompt_ids, "prompt_tokens_checked_against": None,
+        "server": server,
+    }
+
+
 def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | None = None) -> dict:
     """Send one request and return its transcript. `flags` is the transcript's `server.flags`: the
     flags the server was started with, by llama-server's spelling (settings.flags_block)."""
@@ -148,20 +163,16 @@ def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | Non
         added.append("verbose")
     snap = snapshot or server_snapshot(url)
     prompt_ids = prompt_token_ids(url, item.endpoint, body)
-    stream = bool(body.get("stream"))
-    t: dict[str, Any] = {
-        "format": FORMAT, "version": VERSION, "recorded_at": now_iso(), "tool": f"spec-replay {__version__}",
-        "endpoint": item.endpoint, "request": body, "added_fields": added, "stream": stream,
-        "response": None, "events": None,
-        "prompt_tokens": prompt_ids, "prompt_tokens_checked_against": None,
-        "server": {**snap, "flags": flags},
-    }
+    stream, sent_at = bool(body.get("stream")), now_iso()
+    events = response = None
     if stream:
-        t["events"] = list(post_sse(url, item.endpoint, body))
-        if not t["events"]:
+        events = list(post_sse(url, item.endpoint, body))
+        if not events:
             raise ServerError(f"{url}{item.endpoint} sent an empty stream", url=url)
     else:
-        t["response"] = post_json(url, item.endpoint, body)
+        response = post_json(url, item.endpoint, body)
+    t = transcript_of(item.endpoint, body, tuple(added), prompt_ids, {**snap, "flags": flags},
+                      response=response, events=events, recorded_at=sent_at)
     final = final_response(t)
     reported = n_prompt(item.endpoint, final)
     if reported is not None:

@@ -143,6 +143,7 @@ def main() -> None:
     spec-replay record URL --request req.json -o t.json     record a replayable transcript
     spec-replay recover t.json -m target.gguf -o fixed.json   recover the real logprobs
     spec-replay diff t.json -m target.gguf                    the same comparison; writes nothing
+    spec-replay proxy URL -m target.gguf                      real logprobs, live, from a server
     spec-replay trace t.json -m target.gguf -md draft.gguf    replay the loop step by step
     spec-replay tune t.jsonl -m target.gguf --vary --spec-draft-n-max=2,8   other loop settings
     spec-replay patch --source ~/llama.cpp -o fix.patch       a server that reports real probs
@@ -158,4 +159,4 @@ def main() -> None:
     """
 
 
-from replay.cli import check, lab, llamacpp, record, recover, trace, tune  # noqa: E402,F401  (register the commands)
+from replay.cli import check, lab, llamacpp, proxy, record, recover, trace, tune  # noqa: E402,F401  (register the commands)

@@ -1,0 +1,249 @@
+"""The proxy's HTTP side (aiohttp): every request forwarded to the llama-server at `upstream`; the responses
+of /completion, /v1/completions and /v1/chat/completions that carry probabilities come back with every
+placeholder and missing value replaced by the value the server computed (filler.py), in the same schema
+and field order, and a header saying how many it filled.
+
+    a request that asks for probabilities   forwarded with return_tokens (and verbose) added
+                                            (exchange.py), its prompt ids asked of the server as `record`
+                                            asks them, its response (a stream is read whole first)
+                                            recovered in a worker process, one at a time per worker
+    any other request                       passed through, byte for byte, status and body
+
+Failures: a value that cannot be recovered exactly is `--on-failure error` (HTTP 500, llama-server's error
+object with the one-line reason) or `pass` (the server's response unchanged, the reason in a header). The
+upstream's own errors pass through; an upstream that cannot be reached is 502; a full backlog is 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any, Callable
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+
+from replay.commands.record import transcript_of
+from replay.proxy.exchange import COMPLETION, V1_CHAT, asks_probabilities, client_event, client_object, endpoint_of, \
+    upstream_request
+from replay.proxy.filler import Filled, Filler
+
+FILLED_HEADER = "X-Spec-Replay-Filled"  # how many values the proxy filled in this response
+UNFILLED_HEADER = "X-Spec-Replay-Unfilled"  # why it filled none (--on-failure pass)
+HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host", "upgrade",
+       "proxy-connection", "te", "trailer"}
+
+
+def error_body(code: int, message: str, kind: str) -> bytes:
+    """llama-server's error object (tools/server/server-common.cpp format_error_response)."""
+    return json.dumps({"error": {"code": code, "message": message, "type": kind}}).encode()
+
+
+def error(code: int, message: str, kind: str) -> web.Response:
+    return web.Response(status=code, body=error_body(code, message, kind), content_type="application/json")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the proxy was started: the upstream's URL, the server's flags as llama-server spells them, the
+    worker processes, the backlog of requests waiting for one, and what a refused fill does."""
+
+    upstream: str
+    flags: dict
+    workers: int = 1
+    backlog: int = 64
+    on_failure: str = "error"  # "error" | "pass"
+    log: Callable[[str], None] | None = None  # one line per filled request (-v)
+
+
+_FILLER: Filler | None = None
+
+
+def _init_worker(filler: Filler) -> None:  # pragma: no cover - in the worker process
+    global _FILLER
+    _FILLER = filler
+
+
+def _fill(transcript: dict) -> Filled:  # pragma: no cover - in the worker process
+    assert _FILLER is not None
+    return _FILLER.fill(transcript)
+
+
+class Proxy:
+    """The aiohttp application's state: the upstream session, its snapshot (/props, /slots, /v1/models, read
+    at start), the worker pool and the backlog."""
+
+    def __init__(self, settings: Settings, filler: Filler):
+        self.settings, self.filler = settings, filler
+        self.upstream = settings.upstream.rstrip("/")
+        self.session: ClientSession | None = None
+        self.snapshot: dict = {}
+        self.pool: ProcessPoolExecutor | None = None
+        self.waiting = 0
+        self.slots = asyncio.Semaphore(settings.workers)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def _start(self, app: web.Application) -> None:
+        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
+        self.snapshot = await self.server_snapshot()
+        self.pool = ProcessPoolExecutor(self.settings.workers, mp_context=get_context("forkserver"),
+                                        initializer=_init_worker, initargs=(self.filler,))
+
+    async def _stop(self, app: web.Application) -> None:
+        if self.session is not None:
+            await self.session.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    async def server_snapshot(self) -> dict:
+        """/props (its build_info, the slots, the speculative settings), /slots and /v1/models' meta, as
+        `record` keeps them (commands/record.py server_snapshot)."""
+        props = await self._get("/props")
+        if not isinstance(props, dict) or "build_info" not in props:
+            raise RuntimeError(f"{self.upstream} is not a llama.cpp server (/props has no build_info)")
+        slots = await self._get("/slots", required=False)
+        meta = None
+        listed = await self._get("/v1/models", required=False)
+        try:
+            meta = listed["data"][0]["meta"]
+            meta = {k: meta[k] for k in ("size", "n_params", "n_vocab", "ftype") if k in meta}
+        except (KeyError, IndexError, TypeError):
+            meta = None
+        return {"url": self.upstream, "build_info": props.get("build_info"), "props": props, "slots": slots,
+                **({"models_meta": meta} if meta else {})}
+
+    async def _get(self, path: str, required: bool = True) -> Any:
+        assert self.session is not None
+        async with self.session.get(self.upstream + path) as r:
+            if r.status != 200:
+                if required:
+                    raise RuntimeError(f"{self.upstream}{path} answered HTTP {r.status}")
+                return None
+            return await r.json(content_type=None)
+
+    async def _post_json(self, path: str, body: dict) -> Any:
+        assert self.session is not None
+        async with self.session.post(self.upstream + path, json=body) as r:
+            if r.status != 200:
+                raise _Upstream(r.status, await r.read(), r.headers.get("Content-Type", "application/json"))
+            return await r.json(content_type=None)
+
+    # --- requests -------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        endpoint = endpoint_of(request.path) if request.method == "POST" else None
+        if endpoint is not None:
+            try:
+                body = json.loads(raw)
+            except ValueError as e:
+                return error(400, f"invalid JSON in the request body: {e}", "invalid_request_error")
+            if isinstance(body, dict) and asks_probabilities(endpoint, body):
+                try:
+                    return await self.filled(request, endpoint, body)
+                except _Upstream as u:
+                    return web.Response(status=u.status, body=u.body, headers={"Content-Type": u.content_type})
+                except (ClientError, OSError) as e:
+                    return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
+        return await self.passthrough(request, raw)
+
+    async def passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
+        """The request as the client sent it, and the upstream's answer as it came, streamed through."""
+        assert self.session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        try:
+            async with self.session.request(request.method, self.upstream + request.path_qs, data=raw or None,
+                                            headers=headers) as r:
+                out = web.StreamResponse(status=r.status, reason=r.reason,
+                                         headers={k: v for k, v in r.headers.items() if k.lower() not in HOP})
+                await out.prepare(request)
+                async for chunk in r.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+        except (ClientError, OSError) as e:
+            return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
+
+    async def filled(self, request: web.Request, endpoint: str, body: dict) -> web.StreamResponse:
+        """A request that asks for probabilities: forwarded, recovered, answered (module docstring)."""
+        if self.waiting >= self.settings.backlog + self.settings.workers:
+            return error(503, f"the proxy's replay backlog is full ({self.settings.backlog} requests waiting): "
+                              "try again, or start it with more --workers or a larger --backlog", "unavailable_error")
+        sent, added = upstream_request(endpoint, body)
+        prompt_ids = await self.prompt_ids(endpoint, sent)
+        stream = bool(body.get("stream"))
+        response, events = (None, await self._events(request.path, sent)) if stream else \
+            (await self._post_json(request.path, sent), None)
+        t = transcript_of(endpoint, sent, added, prompt_ids, {**self.snapshot, "flags": self.settings.flags},
+                          response=response, events=events)
+        self.waiting += 1
+        try:
+            async with self.slots:
+                assert self.pool is not None
+                got = await asyncio.get_running_loop().run_in_executor(self.pool, _fill, t)
+        finally:
+            self.waiting -= 1
+        if self.settings.log is not None:
+            self.settings.log(f"proxy: {endpoint}: " + (f"{got.filled} value(s) filled" if got.refused is None
+                                                        else f"not filled: {got.refused}"))
+        if got.refused is not None and self.settings.on_failure == "error":
+            return error(500, f"spec-replay cannot give this response's values exactly: {got.refused}", "server_error")
+        headers = {FILLED_HEADER: str(got.filled)} if got.refused is None else {UNFILLED_HEADER: got.refused[:900]}
+        if stream:
+            return await self._sse(request, got.events if got.refused is None else events, added, headers)
+        obj = client_object(got.response if got.refused is None else response, added)
+        return web.Response(body=json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(),
+                            content_type="application/json", headers=headers)
+
+    async def prompt_ids(self, endpoint: str, body: dict) -> list[int]:
+        """The prompt ids the server evaluates, asked of the server as `record` asks them
+        (commands/record.py prompt_token_ids)."""
+        if endpoint == V1_CHAT:
+            text = (await self._post_json("/apply-template", body)).get("prompt")
+        else:
+            p = body.get("prompt")
+            if isinstance(p, list):
+                return list(p)
+            text = p
+        res = await self._post_json("/tokenize", {"content": text, "add_special": True, "parse_special": True})
+        return [t["id"] if isinstance(t, dict) else int(t) for t in res.get("tokens", [])]
+
+    async def _events(self, path: str, body: dict) -> list[str]:
+        """The `data:` payloads of the upstream's SSE answer, in order ([DONE] too)."""
+        assert self.session is not None
+        out = []
+        async with self.session.post(self.upstream + path, json=body) as r:
+            if r.status != 200:
+                raise _Upstream(r.status, await r.read(), r.headers.get("Content-Type", "application/json"))
+            async for raw in r.content:
+                line = raw.decode("utf-8").rstrip("\r\n")
+                if line.startswith("data:"):
+                    out.append(line[5:].lstrip(" "))
+        return out
+
+    async def _sse(self, request: web.Request, events: list, added: tuple[str, ...],
+                   headers: dict) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
+        await out.prepare(request)
+        for e in events:
+            data = e if isinstance(e, str) else json.dumps(e, ensure_ascii=False, separators=(",", ":"))
+            await out.write(f"data: {client_event(data, added)}\n\n".encode())
+        await out.write_eof()
+        return out
+
+
+class _Upstream(Exception):
+    """The upstream answered an error: it goes to the client as it came."""
+
+    def __init__(self, status: int, body: bytes, content_type: str):
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+__all__ = ["COMPLETION", "FILLED_HEADER", "Proxy", "Settings", "UNFILLED_HEADER"]

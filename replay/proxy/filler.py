@@ -14,7 +14,11 @@ from typing import Any
 
 from replay.commands.recover import RecoverOptions
 from replay.errors import SpecReplayError
-from replay.run.recover import recover
+from replay.run.engine import choose_engine
+from replay.run.inputs import Inputs
+from replay.run.recover import RecoverTask, recover_inputs
+from replay.runtime.engine import EngineChoice
+from replay.settings.server_flags import from_mapping
 
 
 @dataclass(frozen=True)
@@ -31,19 +35,29 @@ class Filled:
 
 class Filler:
     """Recovers proxied transcripts with the target (and draft) models and the server's flags, as
-    llama-server spells them, that the proxy was started with."""
+    llama-server spells them, that the proxy was started with.
+
+    The engine (the libllama and the CPU kernels: run/engine.py) is chosen once, from the evidence of the
+    first transcript, as recover chooses it, and kept for the ones after it: they come from the same
+    server, and a later transcript whose real entries the kernels do not reproduce is refused by its own
+    comparison, never filled."""
 
     def __init__(self, model: str | Path, flags: dict | None = None, options: RecoverOptions | None = None, *,
                  libllama: str | None = None, server_cpu: str | None = None):
         self.model, self.flags, self.options = Path(model), dict(flags or {}), options or RecoverOptions()
         self.libllama, self.server_cpu = libllama, server_cpu
+        self.engine: EngineChoice | None = None
 
     def fill(self, transcript: dict) -> Filled:
         """The transcript's response with every placeholder and missing value replaced by the value the
         server computed; refused (with the reason) where recover refuses it or calls it approximate."""
         try:
-            res = recover(transcript, self.model, flags=self.flags, options=self.options, libllama=self.libllama,
-                          server_cpu=self.server_cpu, say=_quiet)
+            attrs, _ = from_mapping(self.flags, "recover")
+            inputs = Inputs.of_object(transcript, self.model, renamed=self.options.renamed_model)
+            if self.engine is None:
+                self.engine = choose_engine(inputs, flags=attrs, options=self.options, libllama=self.libllama,
+                                            server_cpu=self.server_cpu, say=_quiet)
+            res = recover_inputs(inputs, self.engine, RecoverTask(attrs, self.options))
         except SpecReplayError as e:
             return Filled(refused=str(e).splitlines()[0])
         rec = res.records[0]

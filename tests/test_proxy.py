@@ -153,3 +153,38 @@ def test_an_unknown_endpoint_gets_the_upstreams_own_answer():
     t = json.loads((TRANSCRIPTS / "tiny-v1-chat.json").read_text())
     status, _, _ = asyncio.run(_through_proxy(t, {}, path="/no-such-endpoint"))
     assert status == 404  # what the upstream said
+
+
+def test_an_upstream_error_passes_through_as_it_came_and_an_unreachable_upstream_is_a_502():
+    t = json.loads((TRANSCRIPTS / "tiny-v1-chat.json").read_text())
+    refusal = b'{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}}'
+
+    async def run():
+        app = recorded_server(t)
+
+        async def refuse(request):
+            await request.read()
+            return web.Response(status=400, body=refusal, content_type="application/json")
+        app.router.add_post("/v1/completions", refuse)
+        upstream = TestServer(app)
+        await upstream.start_server()
+        proxy = Proxy(Settings(str(upstream.make_url("")), flags={}), Filler(FIXTURES / "tiny-target.gguf"))
+        front = TestServer(proxy.app())
+        await front.start_server()
+        out = []
+        try:
+            async with ClientSession() as s:
+                body = json.dumps({"prompt": "a", "logprobs": 2, "seed": 1})
+                async with s.post(front.make_url("/v1/completions"), data=body) as r:
+                    out.append((r.status, await r.read()))
+                await upstream.close()  # the server goes away; the proxy keeps serving
+                for path in ("/v1/completions", "/health"):
+                    async with s.request("POST" if path != "/health" else "GET", front.make_url(path),
+                                         data=body if path != "/health" else None) as r:
+                        out.append((r.status, json.loads(await r.read())["error"]["type"]))
+        finally:
+            await front.close()
+        return out
+    (status, raw), down, health = asyncio.run(run())
+    assert (status, raw) == (400, refusal)
+    assert down == (502, "unavailable_error") and health == (502, "unavailable_error")

@@ -40,7 +40,8 @@ def request(seed: int) -> dict:
 def start_proxy(upstream: str, config: ServerConfig, variant: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "replay.cli", "proxy", upstream, *config.args(), "--port", str(port),
-                          "--server-cpu", variant], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          "--server-cpu", variant, "-v"], stdout=subprocess.DEVNULL,
+                         stderr=open(os.environ.get("PROXY_LOG", os.devnull), "w"),
                          env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

@@ -60,7 +60,7 @@ class Recoverer:
 
     def __init__(self, model: Model | str | Path, flags: dict | None = None,
                  options: RecoverOptions | None = None, *, records: Sequence[Record] = (),
-                 kernels: KernelChoice | None = None):
+                 kernels: KernelChoice | None = None, drafts: Drafts | None = None):
         self.flags = dict(flags or {})
         self.options = options or RecoverOptions()
         self.kernels = kernels
@@ -69,7 +69,8 @@ class Recoverer:
         self.shared = shared_evidence(records, self.flags, self.options.shared_batches)
         self._records = list(records)
         self.backend = replay_backend(self.flags.get("n_gpu_layers"))
-        drafts = Drafts(model_params(self.flags))  # the loop's draft models (commands/looped.py)
+        # the loop's draft models (commands/looped.py); `drafts` given: those an earlier Recoverer loaded
+        drafts = drafts if drafts is not None else Drafts(model_params(self.flags))
         if not isinstance(model, Model) and not self.options.only_entries:
             for path in _loop_drafts(model, self._records, self.flags):
                 drafts.prefetch(path)  # loads beside the target

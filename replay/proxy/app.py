@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -187,12 +188,14 @@ class Proxy:
         try:
             async with self.slots:
                 assert self.pool is not None
+                started = time.perf_counter()
                 got = await asyncio.get_running_loop().run_in_executor(self.pool, _fill, t)
+                took = time.perf_counter() - started
         finally:
             self.waiting -= 1
         if self.settings.log is not None:
             self.settings.log(f"proxy: {endpoint}: " + (f"{got.filled} value(s) filled" if got.refused is None
-                                                        else f"not filled: {got.refused}"))
+                                                        else f"not filled: {got.refused}") + f" ({took:.2f} s)")
         if got.refused is not None and self.settings.on_failure == "error":
             return error(500, f"spec-replay cannot give this response's values exactly: {got.refused}", "server_error")
         headers = {FILLED_HEADER: str(got.filled)} if got.refused is None else {UNFILLED_HEADER: got.refused[:900]}

@@ -16,7 +16,9 @@ from replay.commands.recover import RecoverOptions
 from replay.errors import SpecReplayError
 from replay.run.engine import choose_engine
 from replay.run.inputs import Inputs
-from replay.run.recover import RecoverTask, recover_inputs
+from replay.commands.recover import Recoverer, result_of
+from replay.commands.trace import Drafts
+from replay.runtime.llama import Model
 from replay.runtime.engine import EngineChoice
 from replay.settings.server_flags import from_mapping
 
@@ -47,6 +49,8 @@ class Filler:
         self.model, self.flags, self.options = Path(model), dict(flags or {}), options or RecoverOptions()
         self.libllama, self.server_cpu = libllama, server_cpu
         self.engine: EngineChoice | None = None
+        self._target: Model | None = None  # loaded once, with the draft models the loop asked for
+        self._drafts: Drafts | None = None
 
     def fill(self, transcript: dict) -> Filled:
         """The transcript's response with every placeholder and missing value replaced by the value the
@@ -57,7 +61,7 @@ class Filler:
             if self.engine is None:
                 self.engine = choose_engine(inputs, flags=attrs, options=self.options, libllama=self.libllama,
                                             server_cpu=self.server_cpu, say=_quiet)
-            res = recover_inputs(inputs, self.engine, RecoverTask(attrs, self.options))
+            res = self._recover(inputs, attrs)
         except SpecReplayError as e:
             return Filled(refused=str(e).splitlines()[0])
         rec = res.records[0]
@@ -71,6 +75,20 @@ class Filler:
         counts = rec.summary()["counts"]
         repaired = json.loads(res.repaired)
         return Filled(repaired.get("response"), repaired.get("events"), counts["placeholder"] + counts["missing"])
+
+
+    def _recover(self, inputs: Inputs, attrs: dict):
+        """recover's run of one transcript (run/recover.py RecoverSession) on the models loaded once."""
+        engine = self.engine
+        engine.apply()
+        r = Recoverer(self._target or inputs.model, engine.flags(attrs), engine.options(self.options),
+                      records=inputs.records, kernels=engine.kernels, drafts=self._drafts)
+        try:
+            done = [r.recover(rec) for rec in inputs.records]
+        finally:
+            r.close()
+        self._target, self._drafts = r.model, r.schedule.drafts
+        return result_of(inputs.records, done, inputs.text)
 
 
 def _quiet(line: str, warning: bool) -> None:

@@ -95,11 +95,38 @@ def prompt_token_ids(url: str, endpoint: str, body: dict) -> list[int]:
         if isinstance(p, list):
             return list(p)
         text = p
-    res = post_json(url, "/tokenize", {"content": text, "add_special": True, "parse_special": True})
+    ids = ids_of(post_json(url, "/tokenize", tokenize_body(text)))
+    if ids is None:
+        raise ServerError(f"{url}/tokenize did not return tokens", url=url)
+    return ids
+
+
+def tokenize_body(text: str) -> dict:
+    """/tokenize's body for a prompt, as the server tokenizes a completion prompt (server-context.cpp:4650)."""
+    return {"content": text, "add_special": True, "parse_special": True}
+
+
+def ids_of(res: Any) -> list[int] | None:
+    """The ids of a /tokenize answer (plain ids, or {"id": ...} pieces), None if it holds none.
+
+    >>> ids_of({"tokens": [1, {"id": 7, "piece": "a"}]}), ids_of({})
+    ([1, 7], None)
+    """
     toks = res.get("tokens") if isinstance(res, dict) else None
     if not isinstance(toks, list):
-        raise ServerError(f"{url}/tokenize did not return tokens", url=url)
+        return None
     return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
+
+
+def snapshot_of(url: str, props: dict, slots: Any, listed: Any) -> dict:
+    """A transcript's `server` block from the server's /props, /slots and /v1/models answers."""
+    try:  # the model's size and parameter count (reading/identity.py)
+        meta = listed["data"][0]["meta"]
+        meta = {k: meta[k] for k in ("size", "n_params", "n_vocab", "ftype") if k in meta}
+    except (KeyError, IndexError, TypeError):
+        meta = None
+    return {"url": url, "build_info": props.get("build_info"), "props": props, "slots": slots,
+            **({"models_meta": meta} if meta else {})}
 
 
 def server_snapshot(url: str) -> dict:
@@ -117,14 +144,11 @@ def server_snapshot(url: str) -> dict:
         slots = get_json(url, "/slots")
     except ServerError:
         slots = None  # started with --no-slots
-    try:  # the model's size and parameter count (reading/identity.py)
+    try:
         listed = get_json(url, "/v1/models")
-        meta = listed["data"][0]["meta"]
-        meta = {k: meta[k] for k in ("size", "n_params", "n_vocab", "ftype") if k in meta}
-    except (ServerError, KeyError, IndexError, TypeError):
-        meta = None
-    return {"url": url, "build_info": props.get("build_info"), "props": props, "slots": slots,
-            **({"models_meta": meta} if meta else {})}
+    except ServerError:
+        listed = None
+    return snapshot_of(url, props, slots, listed)
 
 
 def transcript_of(endpoint: str, body: dict, added: tuple[str, ...], prompt_ids: list[int], server: dict, *,

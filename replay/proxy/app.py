@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
-from replay.commands.record import transcript_of
+from replay.commands.record import ids_of, snapshot_of, tokenize_body, transcript_of
 from replay.proxy.exchange import COMPLETION, V1_CHAT, asks_probabilities, client_event, client_object, endpoint_of, \
     upstream_request
 from replay.proxy.filler import Filled, Filler
@@ -110,15 +110,7 @@ class Proxy:
         if not isinstance(props, dict) or "build_info" not in props:
             raise RuntimeError(f"{self.upstream} is not a llama.cpp server (/props has no build_info)")
         slots = await self._get("/slots", required=False)
-        meta = None
-        listed = await self._get("/v1/models", required=False)
-        try:
-            meta = listed["data"][0]["meta"]
-            meta = {k: meta[k] for k in ("size", "n_params", "n_vocab", "ftype") if k in meta}
-        except (KeyError, IndexError, TypeError):
-            meta = None
-        return {"url": self.upstream, "build_info": props.get("build_info"), "props": props, "slots": slots,
-                **({"models_meta": meta} if meta else {})}
+        return snapshot_of(self.upstream, props, slots, await self._get("/v1/models", required=False))
 
     async def _get(self, path: str, required: bool = True) -> Any:
         assert self.session is not None
@@ -215,8 +207,7 @@ class Proxy:
             if isinstance(p, list):
                 return list(p)
             text = p
-        res = await self._post_json("/tokenize", {"content": text, "add_special": True, "parse_special": True})
-        return [t["id"] if isinstance(t, dict) else int(t) for t in res.get("tokens", [])]
+        return ids_of(await self._post_json("/tokenize", tokenize_body(text))) or []
 
     async def _events(self, path: str, body: dict) -> list[str]:
         """The `data:` payloads of the upstream's SSE answer, in order ([DONE] too)."""

@@ -148,6 +148,24 @@ def test_records_that_ran_at_the_same_time_are_shared_batches():
     assert overlapping([_chat(1, 1000, 800.0), _chat(2, 1001, 800.0)]) == {}  # under a second: nothing certain
 
 
+def test_a_transcript_the_proxy_had_at_the_server_with_others_is_shared_batches_on_several_slots():
+    """`ran_with` (the proxy: other generation requests it had at the server while this one ran) is
+    evidence on a server of several slots, or of slots unknown; one slot runs one request at a time."""
+    t = json.loads(T.read_text())
+    assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None
+    t["ran_with"] = 2
+    assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None  # tiny-draft-simple: one slot
+    for slots in (4, None):  # None: nothing says how many
+        t["server"]["props"]["total_slots"] = slots
+        t["server"].get("speculative", {}).pop("n_parallel", None)
+        rec = read_text(json.dumps(t), "t")[0]
+        assert rec.busy_when_sent() == "the proxy had 2 other requests at the server while it ran"
+        assert shared_evidence([rec], None, False) == {1: rec.busy_when_sent()}
+    t["ran_with"] = -1
+    with pytest.raises(Exception, match='"ran_with" must be a count of requests'):
+        read_text(json.dumps(t), "t")
+
+
 def test_records_that_ran_across_a_second_boundary_are_shared_batches_when_no_placement_parts_them():
     """A harness whose 1.9 s requests ended either side of a second: record 3 (ended in second 100)
     shares no certain second with record 2 (101) or record 5 (99), yet no choice of their ends keeps it

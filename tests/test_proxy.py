@@ -5,7 +5,11 @@
   with a header counting the values filled; streamed or not;
 - the fields the proxy added upstream (return_tokens, verbose) are not in what the client gets;
 - a request that asks for none, and every other endpoint, passes through byte for byte;
-- malformed JSON is a 400 in llama-server's error shape; an upstream error passes through as it came.
+- malformed JSON is a 400 in llama-server's error shape; an upstream error passes through as it came;
+- load and failures: requests beyond the workers and the backlog are a 503; a client that goes away stops
+  its replay (its worker terminated and replaced); a worker that dies fails its own response and the
+  next is filled; an upstream that restarts is served again; with --serial the upstream never has two
+  generation requests at once.
 
 The upstream here is the recorded server: it answers each endpoint with what the real b11434 server
 answered when the committed transcript was recorded (fixtures/transcripts/). Live servers are
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
-from aiohttp import ClientSession, web
-from aiohttp.test_utils import TestServer
+from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp.test_utils import TestServer, unused_port
 
 from replay.paths import FIXTURES
 from replay.proxy.app import FILLED_HEADER, Proxy, Settings
@@ -31,10 +37,15 @@ pytestmark = pytest.mark.processes
 TRANSCRIPTS = FIXTURES / "transcripts"
 
 
-def recorded_server(t: dict) -> web.Application:
-    """An upstream that answers as the server the transcript was recorded from."""
+def recorded_server(t: dict, delay: float = 0.0, seen: dict | None = None,
+                    answered: asyncio.Event | None = None) -> web.Application:
+    """An upstream that answers as the server the transcript was recorded from, each generation request
+    after `delay` seconds; `seen["most"]`: the most generation requests it had at once; `answered` is set
+    when it has answered one."""
     app = web.Application()
     server = t["server"]
+    seen = seen if seen is not None else {}
+    seen.update(now=0, most=0)
 
     async def props(_):
         return web.json_response(server["props"])
@@ -53,6 +64,14 @@ def recorded_server(t: dict) -> web.Application:
 
     async def generate(request):
         await request.read()
+        seen["now"] += 1
+        seen["most"] = max(seen["most"], seen["now"])
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            seen["now"] -= 1
+        if answered is not None:
+            asyncio.get_running_loop().call_later(0.01, answered.set)
         if t["stream"]:
             out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await out.prepare(request)
@@ -188,3 +207,150 @@ def test_an_upstream_error_passes_through_as_it_came_and_an_unreachable_upstream
     (status, raw), down, health = asyncio.run(run())
     assert (status, raw) == (400, refusal)
     assert down == (502, "unavailable_error") and health == (502, "unavailable_error")
+
+
+# --- load, cancellation, failures ------------------------------------------------------------------
+
+class Front:
+    """A proxy over a recorded upstream, both on loopback, with the proxy's log lines kept."""
+
+    def __init__(self, t: dict, upstream_app: web.Application | None = None, **settings):
+        self.t, self.lines = t, []
+        self.upstream_app = upstream_app or recorded_server(t)
+        self.settings = settings
+
+    async def __aenter__(self) -> "Front":
+        self.upstream = TestServer(self.upstream_app)
+        await self.upstream.start_server()
+        self.proxy = Proxy(Settings(str(self.upstream.make_url("")), flags=self.t["server"].get("flags") or {},
+                                    log=self.lines.append, **self.settings), Filler(FIXTURES / "tiny-target.gguf"))
+        self.front = TestServer(self.proxy.app(), handler_cancellation=True)
+        await self.front.start_server()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.front.close()
+        await self.upstream.close()
+
+    async def post(self, body: dict, *, timeout: float | None = None) -> tuple[int, dict, bytes]:
+        async with ClientSession(timeout=ClientTimeout(total=timeout)) as s:
+            async with s.post(self.front.make_url(self.t["endpoint"]), json=body) as r:
+                return r.status, dict(r.headers), await r.read()
+
+
+def chat() -> dict:
+    return json.loads((TRANSCRIPTS / "tiny-v1-chat.json").read_text())
+
+
+def test_requests_beyond_the_workers_and_the_backlog_are_answered_503_and_the_rest_filled():
+    t = chat()
+
+    async def run():
+        async with Front(t, workers=1, backlog=1) as f:
+            return await asyncio.gather(*(f.post(client_body(t)) for _ in range(4)))
+    got = asyncio.run(run())
+    assert sorted(s for s, _, _ in got) == [200, 200, 503, 503]
+    busy = [json.loads(raw)["error"] for s, _, raw in got if s == 503]
+    assert all(e["type"] == "unavailable_error" and "backlog is full" in e["message"] for e in busy)
+    assert all(int(h[FILLED_HEADER]) > 0 for s, h, _ in got if s == 200)
+
+
+def test_a_client_that_goes_away_stops_its_replay_and_the_next_request_is_filled():
+    t = chat()
+
+    async def run():
+        async with Front(t) as f:
+            first = asyncio.ensure_future(f.post(client_body(t)))
+            while not f.proxy.replaying:  # its replay has started: a worker is choosing its engine
+                await asyncio.sleep(0.005)
+            running = set(_workers_of(os.getpid()))
+            first.cancel()  # the client goes away
+            for _ in range(200):
+                if any("went away" in line for line in f.lines) and not running & set(_workers_of(os.getpid())):
+                    break
+                await asyncio.sleep(0.05)
+            return list(f.lines), running & set(_workers_of(os.getpid())), await f.post(client_body(t))
+    lines, still, (status, headers, _) = asyncio.run(run())
+    assert any("the client went away; its replay was stopped" in line for line in lines)
+    assert not still  # the worker that ran it was terminated (and replaced)
+    assert status == 200 and int(headers[FILLED_HEADER]) > 0
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The processes two generations below `pid`: the pool's workers, forked by the forkserver."""
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return [w for child in kids.get(pid, []) for w in kids.get(child, [])]
+
+
+def test_a_worker_that_dies_fails_its_own_response_in_one_line_and_the_proxy_keeps_serving():
+    t = chat()
+
+    async def run():
+        answered = asyncio.Event()
+        async with Front(t, upstream_app=recorded_server(t, answered=answered)) as f:
+            first = asyncio.ensure_future(f.post(client_body(t)))
+            await answered.wait()
+            while not first.done():  # the out-of-memory killer, say, at whatever point the replay is
+                for w in _workers_of(os.getpid()):
+                    os.kill(w, signal.SIGKILL)
+                await asyncio.sleep(0.02)
+            died, again = await first, await f.post(client_body(t))
+            for w in _workers_of(os.getpid()):
+                os.kill(w, signal.SIGKILL)  # this time between two replays
+            await asyncio.sleep(0.5)
+            return died, again, await f.post(client_body(t))
+    (status, _, raw), (again, headers, _), (idle, after_idle, _) = asyncio.run(run())
+    err = json.loads(raw)["error"]
+    assert status == 500 and "\n" not in err["message"]
+    assert "the replay worker died" in err["message"] or "the replay workers keep dying" in err["message"]
+    assert again == 200 and int(headers[FILLED_HEADER]) > 0
+    assert idle == 200 and int(after_idle[FILLED_HEADER]) > 0
+
+
+def test_an_upstream_that_restarts_is_served_again():
+    t = chat()
+
+    async def run():
+        port = unused_port()
+        upstream = TestServer(recorded_server(t), port=port)
+        await upstream.start_server()
+        proxy = Proxy(Settings(f"http://127.0.0.1:{port}", flags={}), Filler(FIXTURES / "tiny-target.gguf"))
+        front = TestServer(proxy.app())
+        await front.start_server()
+        out = []
+        try:
+            async with ClientSession() as s:
+                for step in ("up", "down", "up again"):
+                    if step == "down":
+                        await upstream.close()
+                    elif step == "up again":
+                        upstream = TestServer(recorded_server(t), port=port)
+                        await upstream.start_server()
+                    async with s.post(front.make_url(t["endpoint"]), json=client_body(t)) as r:
+                        out.append((r.status, r.headers.get(FILLED_HEADER)))
+        finally:
+            await front.close()
+            await upstream.close()
+        return out
+    (up, _), (down, _), (again, filled) = asyncio.run(run())
+    assert (up, down, again) == (200, 502, 200) and int(filled) > 0
+
+
+def test_with_serial_the_upstream_never_has_two_generation_requests_at_once():
+    t = chat()
+
+    async def run(serial: bool) -> int:
+        seen: dict = {}
+        async with Front(t, upstream_app=recorded_server(t, 0.3, seen), serial=serial, workers=1) as f:
+            plain = {k: v for k, v in client_body(t).items() if k not in ("logprobs", "top_logprobs")}
+            got = await asyncio.gather(f.post(client_body(t)), *(f.post(plain) for _ in range(3)))
+        assert [s for s, _, _ in got] == [200] * 4
+        return seen["most"]
+    assert asyncio.run(run(serial=False)) == 4
+    assert asyncio.run(run(serial=True)) == 1

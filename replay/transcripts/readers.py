@@ -49,6 +49,7 @@ class Record:
     props: dict | None = None  # the server's GET /props when `record` sent the request
     snapshot_slots: list | None = None  # the server's GET /slots just before the request
     models_meta: dict | None = None  # the server's GET /v1/models data[0].meta (size, n_params), where recorded
+    ran_with: int | None = None  # other generation requests the recorder had at the server while it ran (proxy)
     container: Any = None  # the record's top-level object: the transcript / pair / bare response
     events_as: str = "objects"  # how events are stored in the container: objects | strings | sse-text
 
@@ -77,12 +78,16 @@ class Record:
 
     def busy_when_sent(self) -> str | None:
         """What in the record itself shows that the server decoded it in batches shared with other
-        requests, or None: another slot busy in the /slots snapshot taken before it. A slot count above
+        requests, or None: another slot busy in the /slots snapshot taken before it, or other requests the
+        proxy had at a server of several slots while it ran (`ran_with`). A slot count above
         one, or a response from slot 3, is no such evidence: a lone request on a fresh default-flag
         server (4 slots) runs alone, on whichever slot it gets (`overlapping`: records that overlap in
         time are the other evidence)."""
         if any(isinstance(s, dict) and s.get("is_processing") for s in (self.snapshot_slots or [])):
             return "another slot was busy when it was sent (/slots)"
+        if self.ran_with and self.slots() != 1:  # one slot runs one request at a time: the others queued
+            n = self.ran_with
+            return f"the proxy had {n} other request{'s' if n > 1 else ''} at the server while it ran"
         return None
 
     def several_slots(self, n_parallel: int | None = None) -> str | None:
@@ -384,7 +389,10 @@ def _from_transcript(t: dict, source: str, index: int, fail) -> Record:
         recorded = recorded_flags(flags, legacy)
     except ValueError as e:
         raise fail(str(e)) from e
-    return replace(rec, container=t, events_as="strings" if rec.stream else "objects",
+    ran_with = t.get("ran_with")
+    if ran_with is not None and not (isinstance(ran_with, int) and not isinstance(ran_with, bool) and ran_with >= 0):
+        raise fail("\"ran_with\" must be a count of requests")
+    return replace(rec, container=t, events_as="strings" if rec.stream else "objects", ran_with=ran_with,
                    prompt_ids=_ids(t.get("prompt_tokens"), fail, "prompt_tokens"),
                    build_info=server.get("build_info") if isinstance(server.get("build_info"), str) else None,
                    flags=recorded, props=props,

@@ -10,16 +10,12 @@ from the command line with the server's flags, reached with the OpenAI Python SD
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from proxy_helpers import assert_same, running_proxy, streamed, values
 
-from replay.llamacpp.process import ServerConfig, free_port
+from replay.llamacpp.process import ServerConfig
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 
@@ -42,46 +38,9 @@ def servers(module_server, patched, config):
 @pytest.fixture(scope="module")
 def proxy(servers, config, server_cpu, tmp_path_factory):
     """`spec-replay proxy URL -m TARGET [the server's flags]` in front of the released server."""
-    port = free_port()
     log = tmp_path_factory.mktemp("proxy") / "stderr.txt"
-    argv = [sys.executable, "-m", "replay.cli", "proxy", servers[0].url, *config.args(), "--port", str(port),
-            *server_cpu, "-v"]
-    with open(log, "w") as err:
-        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            if p.poll() is not None:
-                pytest.fail(f"the proxy exited: {log.read_text()}")
-            time.sleep(0.2)
-    yield url
-    p.terminate()
-    p.wait(timeout=30)
-
-
-def values(choice) -> list[tuple[str, float, list[tuple[str, float]]]]:
-    return [(c.token, c.logprob, [(a.token, a.logprob) for a in c.top_logprobs]) for c in choice.logprobs.content]
-
-
-def streamed(chunks) -> list[tuple[str, float, list[tuple[str, float]]]]:
-    out = []
-    for ch in chunks:
-        for c in ch.choices:
-            if c.logprobs and c.logprobs.content:
-                out += [(e.token, e.logprob, [(a.token, a.logprob) for a in e.top_logprobs]) for e in c.logprobs.content]
-    return out
-
-
-def assert_same(got, truth, tol=5e-4):
-    assert [g[0] for g in got] == [t[0] for t in truth]  # the server's tokens
-    for (tok, lp, top), (_, lp_t, top_t) in zip(got, truth):
-        assert abs(lp - lp_t) <= tol, (tok, lp, lp_t)
-        assert [a for a, _ in top] == [a for a, _ in top_t]
-        assert all(abs(x - y) <= tol for (_, x), (_, y) in zip(top, top_t))
+    with running_proxy(servers[0].url, [*config.args(), *server_cpu], log) as url:
+        yield url
 
 
 def test_the_seeds_request_through_the_proxy_has_the_patched_servers_values(proxy, servers):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from replay.commands.recovering.assembly import kept_after, record_report
 from replay.commands.recovering.one_token import Evaluated, OneToken
@@ -88,6 +88,18 @@ class Recoverer:
         self.one_token.close()
         self.schedule.close()
 
+    def take(self, records: Sequence[Record], *, after_gap: bool = False) -> None:
+        """The next records of the same server's run, where they arrive one response at a time (the proxy):
+        what the server kept from the records before them (the loop's slots, n-gram tables, the draft
+        samplers: commands/looped.py) stays, and their shared batches are judged over them. `after_gap`:
+        the server ran requests this replay did not see since the last one, so a record that continues
+        what they left is not looped (commands/looped.py LoopValues.skip)."""
+        self.shared = shared_evidence(records, self.flags, self.options.shared_batches)
+        self._records[:] = records  # OneToken reads the same list
+        if after_gap:
+            self.forget()
+            self.schedule.values().skip()
+
     def forget(self) -> None:
         """Keep no KV positions for the next record (a new unit of work: transcripts/chains.py), so that what
         an evaluator did before cannot change what it computes next."""
@@ -111,6 +123,13 @@ class Recoverer:
         if b is None:
             b = self._piece_cache[tid] = self.model.piece(tid, special=True)  # refuses ids outside the vocabulary
         return b
+
+    def sent_piece(self, flags: dict[str, Any]) -> Callable[[int], bytes]:
+        """The piece the server sends for a token in an entry: control tokens' as text only with --special
+        (common_token_to_piece's `special`: tools/server/server-context.cpp:2124, 2147, params_base.special)."""
+        if flags.get("--special"):
+            return self.piece
+        return lambda tid: self.model.piece(tid, special=False)
 
     def text(self, tid: int) -> str:
         return self.piece(tid).decode("utf-8", "replace")
@@ -140,7 +159,7 @@ class Recoverer:
         self.one_token.exact_upto = kept_after(read, run, self.one_token.slot)
         rep = record_report(read, run, judged, options=self.options, server_backend=backend,
                             replay_backend=self.backend.name, cpu=self.kernels, model_file=self.model.path.name)
-        return Recovered(rep, repair_record(rec, outcomes, read.post, self.piece) if rep.recovered else None)
+        return Recovered(rep, repair_record(rec, outcomes, read.post, self.sent_piece(flags)) if rep.recovered else None)
 
     def _compute(self, read: ReadRecord) -> tuple[ReadRecord, Evaluated, list[Outcome]]:
         """The record's values by the schedule that computes them (recovering/schedule.py): the loop first

@@ -70,9 +70,9 @@ def _init_worker(filler: Filler) -> None:  # pragma: no cover - in the worker pr
     _FILLER = filler
 
 
-def _fill(transcript: dict) -> Filled:  # pragma: no cover - in the worker process
+def _fill(transcript: dict, seq: int) -> Filled:  # pragma: no cover - in the worker process
     assert _FILLER is not None
-    return _FILLER.fill(transcript)
+    return _FILLER.fill(transcript, seq)
 
 
 class Proxy:
@@ -88,8 +88,9 @@ class Proxy:
         self.waiting = 0
         self.slots = asyncio.Semaphore(settings.workers)
         self.running: dict[int, list[int]] = {}  # generation requests at the upstream: id -> [others seen]
+        self.sent = 0  # generation requests sent to the upstream so far
         self.one_at_a_time = asyncio.Lock() if settings.serial else None
-        self.replaying = 0  # replays running in the workers now
+        self.replays: set = set()  # the replays scheduled on the workers (pebble futures), until they end
         self.stale = False  # the upstream went away: read its snapshot again before the next fill
 
     def app(self) -> web.Application:
@@ -145,12 +146,13 @@ class Proxy:
 
     @contextlib.asynccontextmanager
     async def generating(self):
-        """One generation request at the upstream, for as long as it runs there; yields a one-item list
-        that ends as the count of the other generation requests the proxy had at the upstream meanwhile
-        (those running when it was sent and those sent before it ended). With --serial, it waits until no
-        other one runs."""
+        """One generation request at the upstream, for as long as it runs there; yields [others, seq]:
+        others ends as the count of the other generation requests the proxy had at the upstream meanwhile
+        (those running when it was sent and those sent before it ended), seq is its place among those sent
+        (1, 2, ...). With --serial, it waits until no other one runs."""
         async with self.one_at_a_time or contextlib.nullcontext():
-            seen = [len(self.running)]
+            self.sent += 1
+            seen = [len(self.running), self.sent]
             for other in self.running.values():
                 other[0] += 1
             key = id(seen)
@@ -227,9 +229,10 @@ class Proxy:
         t = transcript_of(endpoint, sent, added, prompt_ids, {**self.snapshot, "slots": slots,
                                                                 "flags": self.settings.flags},
                           response=response, events=events, recorded_at=sent_at, ran_with=ran_with[0])
+        seq = ran_with[1]
         async with self.slots:
             started = time.perf_counter()
-            got = await self.replay(endpoint, t)
+            got = await self.replay(endpoint, t, seq)
             took = time.perf_counter() - started
         if self.settings.log is not None:
             self.settings.log(f"proxy: {endpoint}: " + (f"{got.filled} value(s) filled" if got.refused is None
@@ -243,7 +246,7 @@ class Proxy:
         return web.Response(body=json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(),
                             content_type="application/json", headers=headers)
 
-    async def replay(self, endpoint: str, transcript: dict) -> Filled:
+    async def replay(self, endpoint: str, transcript: dict, seq: int) -> Filled:
         """The transcript's values, from a worker process. A client that goes away cancels its replay: the
         worker running it is terminated and a fresh one takes its place. A worker that dies (a crash in
         libllama, the out-of-memory killer) fails this response with the reason; the proxy keeps serving."""
@@ -252,14 +255,14 @@ class Proxy:
             if not self.pool.active:  # a worker died between replays, which pebble takes for a broken pool
                 self.pool.stop()
                 self.pool = self.new_pool()
-            future = self.pool.schedule(_fill, (transcript,))
-            self.replaying += 1
+            future = self.pool.schedule(_fill, (transcript, seq))
+            self.replays.add(future)
             try:
                 return await asyncio.wrap_future(future)
             except asyncio.CancelledError:
                 future.cancel()
                 if self.settings.log is not None:
-                    self.settings.log(f"proxy: {endpoint}: the client went away; its replay was stopped")
+                    self.settings.log(f"proxy: {endpoint}: the client went away; its replay was cancelled")
                 raise
             except ProcessExpired as e:
                 return Filled(refused=f"the replay worker died (exit code {e.exitcode}) while recovering this "
@@ -268,7 +271,7 @@ class Proxy:
                 if attempt == 2:
                     return Filled(refused="the replay workers keep dying before they start a replay")
             finally:
-                self.replaying -= 1
+                self.replays.discard(future)
         raise AssertionError("unreachable")
 
     async def prompt_ids(self, endpoint: str, body: dict) -> list[int]:

@@ -17,8 +17,6 @@ from replay.errors import SpecReplayError
 from replay.run.engine import choose_engine
 from replay.run.inputs import Inputs
 from replay.commands.recover import Recoverer, result_of
-from replay.commands.trace import Drafts
-from replay.runtime.llama import Model
 from replay.runtime.engine import EngineChoice
 from replay.settings.server_flags import from_mapping
 
@@ -50,12 +48,15 @@ class Filler:
         self.libllama, self.server_cpu = libllama, server_cpu
         self.engine: EngineChoice | None = None
         self.build_info: str | None = None  # the server's build the engine was chosen for
-        self._target: Model | None = None  # loaded once, with the draft models the loop asked for
-        self._drafts: Drafts | None = None
+        self._recoverer: Recoverer | None = None  # the models and the replayed server state, across responses
+        self._seq: int | None = None  # the place of the last transcript replayed (fill's `seq`)
+        self._lost = False  # a replay failed midway: the state replayed is not the server's
 
-    def fill(self, transcript: dict) -> Filled:
+    def fill(self, transcript: dict, seq: int | None = None) -> Filled:
         """The transcript's response with every placeholder and missing value replaced by the value the
-        server computed; refused (with the reason) where recover refuses it or calls it approximate."""
+        server computed; refused (with the reason) where recover refuses it or calls it approximate. `seq`:
+        the transcript's place among the generation requests the proxy sent the server (1, 2, ...): one
+        that does not follow the last this Filler replayed comes after requests it did not see."""
         try:
             attrs, _ = from_mapping(self.flags, "recover")
             inputs = Inputs.of_object(transcript, self.model, renamed=self.options.renamed_model)
@@ -67,7 +68,9 @@ class Filler:
                 self.build_info = build
                 self.engine = choose_engine(inputs, flags=attrs, options=self.options, libllama=self.libllama,
                                             server_cpu=self.server_cpu, say=_quiet)
-            res = self._recover(inputs, attrs)
+            after_gap = seq is not None and (self._lost or seq != (self._seq or 0) + 1)
+            self._seq = seq
+            res = self._recover(inputs, attrs, after_gap)
         except SpecReplayError as e:
             return Filled(refused=str(e).splitlines()[0])
         rec = res.records[0]
@@ -83,17 +86,26 @@ class Filler:
         return Filled(repaired.get("response"), repaired.get("events"), counts["placeholder"] + counts["missing"])
 
 
-    def _recover(self, inputs: Inputs, attrs: dict):
-        """recover's run of one transcript (run/recover.py RecoverSession) on the models loaded once."""
-        engine = self.engine
-        engine.apply()
-        r = Recoverer(self._target or inputs.model, engine.flags(attrs), engine.options(self.options),
-                      records=inputs.records, kernels=engine.kernels, drafts=self._drafts)
+    def _recover(self, inputs: Inputs, attrs: dict, after_gap: bool):
+        """recover's run of one transcript (run/recover.py RecoverSession) on one Recoverer kept across
+        responses: the models load once, and what the server keeps from one request to the next (the loop's
+        slots, an n-gram table, MTP's carry, a draft sampler) is replayed in the order the responses came.
+        Where requests came between (others' workers, requests that passed through unfilled or were
+        cancelled: `after_gap`), a record that continues what they left is not looped, and where the order
+        is not the server's, the loop's replay parts from the server's tokens or draft totals: either way
+        its values are refused, not guessed (commands/looped.py)."""
+        self.engine.apply()
+        if self._recoverer is None:
+            self._recoverer = Recoverer(inputs.model, self.engine.flags(attrs), self.engine.options(self.options),
+                                        records=inputs.records, kernels=self.engine.kernels)
+        self._recoverer.take(inputs.records, after_gap=after_gap)
         try:
-            done = [r.recover(rec) for rec in inputs.records]
-        finally:
-            r.close()
-        self._target, self._drafts = r.model, r.schedule.drafts
+            done = [self._recoverer.recover(rec) for rec in inputs.records]
+        except BaseException:
+            self._recoverer.close()  # its state is not the server's any more: the next starts afresh
+            self._recoverer, self._lost = None, True
+            raise
+        self._lost = False
         return result_of(inputs.records, done, inputs.text)
 
 

@@ -231,6 +231,10 @@ SETTINGS: tuple[Setting, ...] = (
             "no extra buffer types when loading the model: neither the CPU repack of Q4_0/Q4_K/IQ4_NL/Q8_0 weights "
             "nor AMX; changes the kernels, so the values (llama-server's --repack is the default)",
             aliases=("-nr",), transcript="no_repack", source="common/arg.cpp:2425"),
+    Setting("--special", "special", "context", "flag", False,
+            "special tokens output enabled: a control token's piece (<|im_end|>) is sent as text in `token`, "
+            "`bytes` and top_logprobs; without it the server sends it empty (tools/server/server-context.cpp:2124), "
+            "as the repaired entries then do", aliases=("-sp",), transcript="special", source="common/arg.cpp:1898"),
     Setting("--no-host", "no_host", "context", "flag", False,
             "bypass the host buffer so extra buffer types can be used (changes where weights live, so kernels)",
             transcript="no_host", source="common/arg.cpp:2433"),

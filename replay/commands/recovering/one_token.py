@@ -200,7 +200,8 @@ class OneToken:
         if (self.threads_found is not None or read.context.sources.get("threads", "default") != "default"
                 or read.post or run.unaligned is not None or self.slot is None or self.slot.rules.enabled):
             return False  # post-sampling values need the chain's state
-        first = _first_alone_entry(outcomes, run.kinds, len(read.prompt))
+        first = _first_alone_entry(outcomes, run.kinds, len(read.prompt),
+                                   prompt_row_alone=last_row_alone(run.schedule, self.slot.ctx.n_ubatch))
         if first is None or outcomes[first].report.status != "mismatch" or (
                 run.approximate_from is not None and first >= run.approximate_from):
             return False  # approximate values tell no count
@@ -213,17 +214,35 @@ class OneToken:
                            speculative=read.speculative, piece=self.text, missing_reason="").status == "ok"
         pos = len(read.prompt) + first - 1
         self.slot.ctx.seq_rm(0, pos)
-        found = matching_threads(self.slot.ctx, run.truths[first - 1].id, pos, agrees)
+        token = read.prompt[-1] if first == 0 else run.truths[first - 1].id
+        found = matching_threads(self.slot.ctx, token, pos, agrees)
         if found:
             self.threads_found = tuple(found)
         return bool(found)
 
 
-def _first_alone_entry(outcomes: list[Outcome], kinds: Sequence[str | None], n_prompt: int) -> int | None:
+def last_row_alone(schedule: dict, n_ubatch: int) -> bool:
+    """Whether the prompt's last row was decoded alone: the last of its batches (schedule/memory.py
+    schedule_of) ends in a ubatch of one row, as a request that takes all but its last prompt token from
+    the server's cache does. libllama decodes a one-row ubatch on -t threads, a larger one on -tb
+    (src/llama-context.cpp:2612, graph_compute), and past 256 positions the count changes its values.
+
+    >>> last_row_alone({"prompt_batches": [1]}, 512), last_row_alone({"prompt_batches": [513]}, 512)
+    (True, True)
+    >>> last_row_alone({"prompt_batches": [512, 49]}, 512), last_row_alone({}, 512)
+    (False, False)
+    """
+    sizes = schedule.get("prompt_batches") or []
+    return bool(sizes) and sizes[-1] % n_ubatch == 1 % n_ubatch
+
+
+def _first_alone_entry(outcomes: list[Outcome], kinds: Sequence[str | None], n_prompt: int, *,
+                       prompt_row_alone: bool = False) -> int | None:
     """The first token past 256 positions whose real entry a one-token decode computed, where every row
-    before it was decoded in a kind the transcript shows (None: none, or a row of unknown kind first)."""
+    before it was decoded in a kind the transcript shows (None: none, or a row of unknown kind first).
+    The first token's entry counts where the prompt's last row was decoded alone (`prompt_row_alone`)."""
     for k, (o, kind) in enumerate(zip(outcomes, kinds)):
-        if k == 0 or not split_kv(n_prompt + k - 1):
+        if (k == 0 and not prompt_row_alone) or not split_kv(n_prompt + k - 1):
             continue
         if kind == ALONE and o.owns_entry:
             return k

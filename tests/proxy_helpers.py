@@ -31,15 +31,15 @@ def workers_of(pid: int) -> dict[int, str]:
 
 
 @contextlib.contextmanager
-def running_proxy(upstream: str, args: list[str], log: Path, pids: list[int] | None = None) -> Iterator[str]:
-    """`spec-replay proxy UPSTREAM ARGS... --port P -v`, its stderr in `log` (its pid appended to `pids`);
+def running_proxy(upstream: str, args: list[str], log: Path, pids: list | None = None) -> Iterator[str]:
+    """`spec-replay proxy UPSTREAM ARGS... --port P -v`, its stderr in `log` (its Popen appended to `pids`);
     yields its URL once /health answers through it."""
     port = free_port()
     argv = [sys.executable, "-m", "replay.cli", "proxy", upstream, *map(str, args), "--port", str(port), "-v"]
     with open(log, "w") as err:
         p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=os.environ.copy())
     if pids is not None:
-        pids.append(p.pid)
+        pids.append(p)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):
@@ -53,8 +53,9 @@ def running_proxy(upstream: str, args: list[str], log: Path, pids: list[int] | N
                 time.sleep(0.2)
         yield url
     finally:
-        p.terminate()
-        p.wait(timeout=90)
+        if p.poll() is None:
+            p.terminate()
+            p.wait(timeout=90)
 
 
 def values(choice) -> list[tuple[str, float, list[tuple[str, float]]]]:

@@ -8,17 +8,21 @@ sent the same requests in the same order, one at a time.
     says so (HTTP 500 naming the evidence) instead of passing off a value;
   - the same four through `--serial`: every value is the patched server's (5e-4);
   - a client that goes away while its replay runs: the worker running it is terminated, the next request
-    is filled.
+    is filled;
+  - SIGTERM while a replay runs: the request held is answered, then the proxy exits 0.
 - ngram-mod (its table kept across requests, server-wide) and MTP heads (draft-mtp: the heads' carry kept
   across requests): requests in turn, each the patched server's values; the proxy replays what the server
   kept from one to the next.
 - Gemma 3 (sliding-window attention: a target that cannot drop a suffix, so the server's loop is replayed),
   default flags: the patched server's values.
+- A server on another machine's kernels (haswell only), the proxy told nothing of its CPU: the kernels are
+  found from the first response's evidence, and the values are the patched haswell server's.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import urllib.error
 import urllib.request
 
@@ -27,7 +31,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from proxy_helpers import assert_same, native_values, running_proxy, values, workers_of
 
-from replay.llamacpp.process import ServerConfig
+from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.paths import FIXTURES
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
@@ -91,7 +95,7 @@ def serial_proxy(serial_servers, default_flags, server_cpu, tmp_path_factory):
     """(its URL, its stderr, its pid)"""
     log, pids = tmp_path_factory.mktemp("serial") / "stderr.txt", []
     with running_proxy(serial_servers[0].url, proxy_args(default_flags, "--serial", *server_cpu), log, pids) as url:
-        yield url, log, pids[0]
+        yield url, log, pids[0].pid
 
 
 def test_through_serial_clients_at_once_get_the_patched_servers_values(serial_servers, serial_proxy):
@@ -113,7 +117,7 @@ def test_a_client_that_goes_away_has_its_running_replay_stopped(default_servers,
     with running_proxy(default_servers[0].url, proxy_args(default_flags, "--serial", *server_cpu), log, pids) as url:
         client = OpenAI(base_url=url + "/v1", api_key="none")
         assert int(client.chat.completions.with_raw_response.create(**short).headers["x-spec-replay-filled"]) > 0
-        pid = pids[0]
+        pid = pids[0].pid
         before = set(workers_of(pid))  # the worker, its models loaded
 
         async def run() -> bool:
@@ -137,6 +141,30 @@ def test_a_client_that_goes_away_has_its_running_replay_stopped(default_servers,
         assert not before & set(workers_of(pid))  # the worker that was replaying was terminated
         again = client.chat.completions.with_raw_response.create(**dict(short, seed=9))
         assert int(again.headers["x-spec-replay-filled"]) > 0  # by a fresh worker
+
+
+def test_a_proxy_stopped_mid_replay_answers_the_request_it_holds_then_exits(default_servers, default_flags,
+                                                                              server_cpu, tmp_path):
+    """SIGTERM (a service manager's stop): no new connections, the request held is answered, then the workers
+    stop and the proxy exits 0."""
+    log, procs = tmp_path / "stderr.txt", []
+    short = dict(long_chat(8), messages=[{"role": "user", "content": "Name three colours of the sea."}],
+                 extra_body={"cache_prompt": False})
+    with running_proxy(default_servers[0].url, proxy_args(default_flags, *server_cpu), log, procs) as url:
+        proc = procs[0]
+
+        async def run():
+            async with AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600) as c:
+                task = asyncio.ensure_future(c.chat.completions.with_raw_response.create(**short))
+                for _ in range(2400):
+                    await asyncio.sleep(0.05)
+                    if "R" in workers_of(proc.pid).values():  # its replay runs (the worker choosing its engine)
+                        break
+                proc.send_signal(signal.SIGTERM)
+                return await task
+        answered = asyncio.run(run())
+        assert answered.status_code == 200 and int(answered.headers["x-spec-replay-filled"]) > 0
+        assert proc.wait(timeout=90) == 0
 
 
 # --- drafters that keep state across requests; a checkpointing target ----------------------------------
@@ -190,3 +218,24 @@ def test_gemma3_on_default_flags_gets_the_patched_servers_values(module_server, 
     bodies = [{"prompt": STORY[:1200] + "Retell it.", "n_predict": 32, "n_probs": 3, "temperature": 1.0, "seed": 2}]
     in_turn(module_server, patched, cfg, ["-m", gemma3, "-md", gemma3_draft, "--spec-type", "draft-simple",
                                           "-c", 4096, *server_cpu], bodies, tmp_path / "log")
+
+
+# --- a server on another machine's kernels ------------------------------------------------------------
+
+def test_a_server_on_another_machines_kernels_is_found_from_its_first_response(b11434, patched, smollm2,
+                                                                               smollm2_draft, tmp_path):
+    """A server that loads only libggml-cpu-haswell.so (what a release server loads on an AVX2 machine) and a
+    proxy told nothing of its CPU: the engine is chosen from the first response's real entry, as recover
+    chooses it, and the values are the patched haswell server's."""
+    cfg = ServerConfig(smollm2, draft_model=smollm2_draft, spec_types=("draft-simple",))
+    bodies = [{"prompt": STORY[:1300] + "Retell it.", "n_predict": 32, "n_probs": 3, "temperature": 1.0, "seed": s}
+              for s in (2, 3)]
+    with LlamaServer(cfg, binary=b11434.with_cpu("haswell").server) as plain, \
+            LlamaServer(cfg, binary=patched.with_cpu("haswell").server) as truth:
+        args = ["-m", smollm2, "-md", smollm2_draft, "--spec-type", "draft-simple", "-np", 1]
+        with running_proxy(plain.url, args, tmp_path / "log") as url:
+            got = [native(url, b) for b in bodies]
+        want = [native(truth.url, b)[1] for b in bodies]
+    for (headers, g), w in zip(got, want):
+        assert int(headers["x-spec-replay-filled"]) > 0
+        assert_same(native_values(g), native_values(w))

@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 from replay.llamacpp.process import free_port
+from replay.proxy.filler import Filled, Filler
 
 
 def workers_of(pid: int) -> dict[int, str]:
@@ -85,3 +86,16 @@ def assert_same(got, truth, tol: float = 5e-4) -> None:
         assert abs(lp - lp_t) <= tol, (tok, lp, lp_t)
         assert [a for a, _ in top] == [a for a, _ in top_t]
         assert all(abs(x - y) <= tol for (_, x), (_, y) in zip(top, top_t))
+
+
+class SlowFiller(Filler):
+    """A Filler whose every replay takes `seconds` longer: a replay of the tiny fixtures, which takes
+    milliseconds, made as long as a real model's, so that a test can place an event inside one."""
+
+    def __init__(self, *args, seconds: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seconds = seconds
+
+    def fill(self, transcript: dict, seq: int | None = None) -> Filled:
+        time.sleep(self.seconds)
+        return super().fill(transcript, seq)

@@ -21,13 +21,15 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 from aiohttp import ClientSession, ClientTimeout, web
 from aiohttp.test_utils import TestServer, unused_port
+from pebble.pool.process import WorkerManager
 
-from proxy_helpers import workers_of
+from proxy_helpers import SlowFiller, workers_of
 
 from replay.paths import FIXTURES
 from replay.proxy.app import FILLED_HEADER, Proxy, Settings
@@ -216,8 +218,10 @@ def test_an_upstream_error_passes_through_as_it_came_and_an_unreachable_upstream
 class Front:
     """A proxy over a recorded upstream, both on loopback, with the proxy's log lines kept."""
 
-    def __init__(self, t: dict, upstream_app: web.Application | None = None, **settings):
+    def __init__(self, t: dict, upstream_app: web.Application | None = None, filler: Filler | None = None,
+                 **settings):
         self.t, self.lines = t, []
+        self.filler = filler or Filler(FIXTURES / "tiny-target.gguf")
         self.upstream_app = upstream_app or recorded_server(t)
         self.settings = settings
 
@@ -225,7 +229,7 @@ class Front:
         self.upstream = TestServer(self.upstream_app)
         await self.upstream.start_server()
         self.proxy = Proxy(Settings(str(self.upstream.make_url("")), flags=self.t["server"].get("flags") or {},
-                                    log=self.lines.append, **self.settings), Filler(FIXTURES / "tiny-target.gguf"))
+                                    log=self.lines.append, **self.settings), self.filler)
         self.front = TestServer(self.proxy.app(), handler_cancellation=True)
         await self.front.start_server()
         return self
@@ -275,6 +279,46 @@ def test_a_client_that_goes_away_cancels_its_replay_and_the_next_request_is_fill
     lines, (status, headers, _) = asyncio.run(run())
     assert any("the client went away; its replay was cancelled" in line for line in lines)
     assert status == 200 and int(headers[FILLED_HEADER]) > 0
+
+
+async def _answered(aw, what: str, within: float = 30.0):
+    try:
+        return await asyncio.wait_for(aw, within)
+    except asyncio.TimeoutError:
+        pytest.fail(f"{what}: not answered within {within:.0f} s")
+
+
+def test_a_request_after_a_cancelled_replay_is_answered_however_late_pebble_stops_its_worker(monkeypatch):
+    """pebble stops a cancelled replay's worker from its manager thread some time after the cancel (on a
+    loaded machine, long after). A replay sent to the pool in between is taken by that worker once it ends
+    the cancelled one, and is lost with it when the stop comes: pebble never answers it
+    (noxdafox/pebble#153). Here each replay takes 2 s and pebble's stop comes 3 s after the cancel, inside
+    the next replay; that request is still answered and filled, since the proxy sends it to the pool only
+    once the cancelled one's worker has exited. (Without Proxy.hold_until_stopped it is never answered.)"""
+    stop = WorkerManager.maybe_stop_worker
+
+    def late(self, worker_id):
+        time.sleep(3.0)
+        return stop(self, worker_id)
+    monkeypatch.setattr(WorkerManager, "maybe_stop_worker", late)
+    t = chat()
+
+    async def run():
+        async with Front(t, filler=SlowFiller(FIXTURES / "tiny-target.gguf", seconds=2.0)) as f:
+            first = asyncio.ensure_future(f.post(client_body(t)))
+            while not any(r.running() for r in f.proxy.replays):
+                assert not first.done()
+                await asyncio.sleep(0.001)
+            first.cancel()
+            started = time.monotonic()
+            try:
+                status, headers, _ = await asyncio.wait_for(f.post(client_body(t)), 60)
+            except asyncio.TimeoutError:
+                pytest.fail("the request after the cancel was not answered within 60 s")
+            return status, headers, time.monotonic() - started
+    status, headers, took = asyncio.run(run())
+    assert status == 200 and int(headers[FILLED_HEADER]) > 0
+    assert took >= 3.0 + 2.0  # sent to the pool after the cancelled one's worker stopped
 
 
 def test_a_worker_that_dies_fails_its_own_response_in_one_line_and_the_proxy_keeps_serving():

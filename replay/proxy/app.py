@@ -76,6 +76,15 @@ def _fill(transcript: dict, seq: int) -> Filled:  # pragma: no cover - in the wo
     return _FILLER.fill(transcript, seq)
 
 
+@dataclass
+class Generation:
+    """A generation request the proxy has at the upstream: `seq`, its place among those sent (1, 2, ...);
+    `others`, the other generation requests it had there meanwhile (those running when it was sent, and
+    those sent before it ended): the transcript's `ran_with`."""
+    seq: int
+    others: int
+
+
 def worker_pids() -> set[int]:
     """The pids of this process's live pebble workers, found as pebble finds them (pool/process.py: by
     the process name it gives them)."""
@@ -94,7 +103,7 @@ class Proxy:
         self.pool: ProcessPool | None = None
         self.waiting = 0
         self.slots = asyncio.Semaphore(settings.workers)
-        self.running: dict[int, list[int]] = {}  # generation requests at the upstream: id -> [others seen]
+        self.running: dict[int, Generation] = {}  # the generation requests at the upstream
         self.sent = 0  # generation requests sent to the upstream so far
         self.one_at_a_time = asyncio.Lock() if settings.serial else None
         self.replays: set = set()  # the replays scheduled on the workers (pebble futures), until they end
@@ -156,21 +165,26 @@ class Proxy:
 
     @contextlib.asynccontextmanager
     async def generating(self):
-        """One generation request at the upstream, for as long as it runs there; yields [others, seq]:
-        others ends as the count of the other generation requests the proxy had at the upstream meanwhile
-        (those running when it was sent and those sent before it ended), seq is its place among those sent
-        (1, 2, ...). With --serial, it waits until no other one runs."""
+        """One generation request at the upstream, for as long as it runs there: its Generation (its
+        place among those sent, and the others the proxy had at the upstream meanwhile). With --serial,
+        it waits until no other one runs."""
         async with self.one_at_a_time or contextlib.nullcontext():
             self.sent += 1
-            seen = [len(self.running), self.sent]
+            this = Generation(seq=self.sent, others=len(self.running))
             for other in self.running.values():
-                other[0] += 1
-            key = id(seen)
-            self.running[key] = seen
+                other.others += 1
+            key = id(this)
+            self.running[key] = this
             try:
-                yield seen
+                yield this
             finally:
                 del self.running[key]
+
+    def unreachable(self, e: Exception) -> web.Response:
+        """502 for an upstream that cannot be reached; its snapshot is read again before the next fill (a
+        restarted server may run another build or other slots)."""
+        self.stale = True
+        return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
 
     # --- requests -------------------------------------------------------------------------
 
@@ -188,8 +202,7 @@ class Proxy:
                 except _Upstream as u:
                     return web.Response(status=u.status, body=u.body, headers={"Content-Type": u.content_type})
                 except (ClientError, OSError) as e:
-                    self.stale = True
-                    return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
+                    return self.unreachable(e)
             async with self.generating():  # it shares the server's batches with the ones that are filled
                 return await self.passthrough(request, raw)
         return await self.passthrough(request, raw)
@@ -209,8 +222,7 @@ class Proxy:
                 await out.write_eof()
                 return out
         except (ClientError, OSError) as e:
-            self.stale = True
-            return error(502, f"the llama-server at {self.upstream} cannot be reached: {e}", "unavailable_error")
+            return self.unreachable(e)
 
     async def filled(self, request: web.Request, endpoint: str, body: dict) -> web.StreamResponse:
         """A request that asks for probabilities: forwarded, recovered, answered (module docstring)."""
@@ -229,7 +241,7 @@ class Proxy:
         sent, added = upstream_request(endpoint, body)
         prompt_ids = await self.prompt_ids(endpoint, sent)
         stream = bool(body.get("stream"))
-        async with self.generating() as ran_with:
+        async with self.generating() as gen:
             # /slots just before it, as `record` takes it: a slot busy with a request that did not come
             # through the proxy is evidence too
             slots = await self._get("/slots", required=False) if self.snapshot.get("slots") is not None else None
@@ -238,11 +250,10 @@ class Proxy:
                 (await self._post_json(request.path, sent), None)
         t = transcript_of(endpoint, sent, added, prompt_ids, {**self.snapshot, "slots": slots,
                                                                 "flags": self.settings.flags},
-                          response=response, events=events, recorded_at=sent_at, ran_with=ran_with[0])
-        seq = ran_with[1]
+                          response=response, events=events, recorded_at=sent_at, ran_with=gen.others)
         async with self.slots:
             started = time.perf_counter()
-            got = await self.replay(endpoint, t, seq)
+            got = await self.replay(endpoint, t, gen.seq)
             took = time.perf_counter() - started
         if self.settings.log is not None:
             self.settings.log(f"proxy: {endpoint}: " + (f"{got.filled} value(s) filled" if got.refused is None
@@ -260,7 +271,7 @@ class Proxy:
         """The transcript's values, from a worker process. A client that goes away cancels its replay: the
         worker running it is terminated and a fresh one takes its place. A worker that dies (a crash in
         libllama, the out-of-memory killer) fails this response with the reason; the proxy keeps serving."""
-        for attempt in (1, 2):
+        for _ in range(2):
             assert self.pool is not None
             if not self.pool.active:  # a worker died between replays, which pebble takes for a broken pool
                 self.pool.stop()
@@ -280,11 +291,10 @@ class Proxy:
                 return Filled(refused=f"the replay worker died (exit code {e.exitcode}) while recovering this "
                                       "response")
             except BrokenProcessPool:  # its worker had died before it started: once more, on a new pool
-                if attempt == 2:
-                    return Filled(refused="the replay workers keep dying before they start a replay")
+                pass
             finally:
                 self.replays.discard(future)
-        raise AssertionError("unreachable")
+        return Filled(refused="the replay workers keep dying before they start a replay")
 
     def hold_until_stopped(self, workers: set[int]) -> None:
         """Schedule no replay until one of `workers` (the pool's, when a replay was cancelled) has exited.

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replay.commands.recover import RecoverOptions
+from replay.commands.recover import Recoverer, RecoverOptions, result_of
 from replay.errors import SpecReplayError
 from replay.run.engine import choose_engine
 from replay.run.inputs import Inputs
-from replay.commands.recover import Recoverer, result_of
+from replay.run.recover import open_recoverer
 from replay.runtime.engine import EngineChoice
 from replay.settings.server_flags import from_mapping
 
@@ -85,19 +85,16 @@ class Filler:
         repaired = json.loads(res.repaired)
         return Filled(repaired.get("response"), repaired.get("events"), counts["placeholder"] + counts["missing"])
 
-
     def _recover(self, inputs: Inputs, attrs: dict, after_gap: bool):
-        """recover's run of one transcript (run/recover.py RecoverSession) on one Recoverer kept across
+        """recover's run of one transcript on one Recoverer (run/recover.py open_recoverer, as RecoverSession opens it) kept across
         responses: the models load once, and what the server keeps from one request to the next (the loop's
         slots, an n-gram table, MTP's carry, a draft sampler) is replayed in the order the responses came.
         Where requests came between (others' workers, requests that passed through unfilled or were
         cancelled: `after_gap`), a record that continues what they left is not looped, and where the order
         is not the server's, the loop's replay parts from the server's tokens or draft totals: either way
         its values are refused, not guessed (commands/looped.py)."""
-        self.engine.apply()
         if self._recoverer is None:
-            self._recoverer = Recoverer(inputs.model, self.engine.flags(attrs), self.engine.options(self.options),
-                                        records=inputs.records, kernels=self.engine.kernels)
+            self._recoverer = open_recoverer(inputs, self.engine, attrs, self.options)
         self._recoverer.take(inputs.records, after_gap=after_gap)
         try:
             done = [self._recoverer.recover(rec) for rec in inputs.records]

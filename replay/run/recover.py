@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from replay.commands.recover import Recovered, Recoverer, RecoverOptions, result_of
 from replay.errors import KernelsRetry
@@ -44,18 +44,24 @@ class RecoverTask:
         return f"record {index + 1}"
 
 
+def open_recoverer(inputs: Inputs, engine: EngineChoice, flags: Mapping[str, Any], options: RecoverOptions) -> Recoverer:
+    """The Recoverer a transcript's records are recovered on: the engine applied first (its libllama and
+    CPU variant, before the models load), the target loaded with the server's flags and the engine's
+    repack and threads over them, and the build the engine chose where none was given."""
+    engine.apply()
+    return Recoverer(inputs.model, engine.flags(flags), engine.options(options), records=inputs.records,
+                     kernels=engine.kernels)
+
+
 class RecoverSession:
     """The target loaded once (with the engine applied first), records recovered by their position; a
     record served from the server's cache follows the record that filled it within a unit."""
 
     def __init__(self, task: RecoverTask, inputs: Inputs, engine: EngineChoice):
-        engine.apply()
         self.tried = engine.tried
         self._pending: list[Recovered] = []  # recovered on the kernels tried, before the witness decided
         self.records = inputs.records
-        self.recoverer = Recoverer(inputs.model, engine.flags(task.flags), engine.options(task.options),
-                                   records=self.records,
-                                   kernels=engine.kernels)
+        self.recoverer = open_recoverer(inputs, engine, task.flags, task.options)
 
     def run(self, unit: Unit, emit: Emit) -> None:
         for k in unit.records:

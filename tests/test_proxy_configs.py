@@ -15,6 +15,8 @@ sent the same requests in the same order, one at a time.
   kept from one to the next.
 - Gemma 3 (sliding-window attention: a target that cannot drop a suffix, so the server's loop is replayed),
   default flags: the patched server's values.
+- Sampling defaults from the model file and a sampling flag on the server's command line, requests that
+  set only a temperature: the patched server's values.
 - A server on another machine's kernels (haswell only), the proxy told nothing of its CPU: the kernels are
   found from the first response's evidence, and the values are the patched haswell server's.
 """
@@ -31,6 +33,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from proxy_helpers import assert_same, native_values, running_proxy, values, workers_of
 
+from replay.llamacpp.models import smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.paths import FIXTURES
 
@@ -218,6 +221,19 @@ def test_gemma3_on_default_flags_gets_the_patched_servers_values(module_server, 
     bodies = [{"prompt": STORY[:1200] + "Retell it.", "n_predict": 32, "n_probs": 3, "temperature": 1.0, "seed": 2}]
     in_turn(module_server, patched, cfg, ["-m", gemma3, "-md", gemma3_draft, "--spec-type", "draft-simple",
                                           "-c", 4096, *server_cpu], bodies, tmp_path / "log")
+
+
+def test_sampling_defaults_from_the_model_file_and_the_command_line_get_the_patched_servers_values(
+        module_server, patched, smollm2_draft, server_cpu, tmp_path):
+    """A model file that carries general.sampling.* defaults (top-k, top-p, repeat penalty: SMOLLM2_FILE_DEFAULTS)
+    and a sampling flag on the server's command line (--min-p 0.02), told to the proxy as the server was
+    started; the clients send only a temperature and a seed, as a harness does."""
+    model = smollm2_with_defaults()
+    cfg = ServerConfig(model, draft_model=smollm2_draft, spec_types=("draft-simple",), min_p=0.02)
+    bodies = [{"prompt": STORY[:400] + "Then", "n_predict": 40, "n_probs": 3, "temperature": 1.0, "seed": s}
+              for s in (4, 5)]
+    in_turn(module_server, patched, cfg, ["-m", model, "-md", smollm2_draft, "--spec-type", "draft-simple",
+                                          "--min-p", "0.02", "-np", 1, *server_cpu], bodies, tmp_path / "log")
 
 
 # --- a server on another machine's kernels ------------------------------------------------------------

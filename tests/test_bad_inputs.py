@@ -125,3 +125,60 @@ def test_an_unaligned_token_exits_1_as_documented(tmp_path):
     rep = json.loads(r.stdout)
     assert any(tok["status"] == "unaligned" for rec in rep["records"] for tok in rec["tokens"]), rep
     assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("out, why", [
+    ("/proc/x.json", "cannot write /proc/x.json: /proc takes no new file (No such file or directory)"),
+    ("/sys/missing/x.json", "cannot write /sys/missing/x.json: the folder /sys/missing cannot be made ("),
+    ("{file}/x.json", "cannot write {file}/x.json: {file} is a file, not a folder"),
+], ids=["proc", "sys", "file-as-folder"])
+@pytest.mark.parametrize("flag", ["-o", "--report", "--html"])
+def test_an_output_that_cannot_be_written_is_said_before_any_model_loads_with_its_true_reason(flag, out, why, tmp_path):
+    """Before, an unwritable -o was found after the whole replay, and two of these three named another reason
+    ("No such file or directory" for /proc, "Operation not permitted" for /sys/missing, "File exists" for a
+    file used as a folder)."""
+    file = tmp_path / "a-file"
+    file.write_text("")
+    out, why = out.format(file=file), why.format(file=file)
+    extra = () if flag == "-o" else ("-o", tmp_path / "fixed.json")
+    r = run("recover", T, "-m", tiny_target(), flag, out, *extra)
+    assert r.exit_code == 3 and one_error(r).startswith(f"Error: {why}"), r.output  # /sys: EPERM, or EROFS
+    assert not any(line.startswith(("libllama:", "kernels:")) for line in r.output.splitlines())
+    assert not (tmp_path / "fixed.json").exists()
+
+
+@pytest.mark.parametrize("command", ["recover", "diff", "trace", "tune"])
+def test_a_missing_draft_file_is_named_as_missing(command, tmp_path):
+    extra = {"recover": ("-o", tmp_path / "o.json"), "tune": ("--vary", "--spec-draft-n-max=2,4")}.get(command, ())
+    r = run(command, T, "-m", tiny_target(), "-md", tmp_path / "missing.gguf", *extra)
+    assert r.exit_code == 3 and one_error(r) == f"Error: a draft model file not found: {tmp_path / 'missing.gguf'}"
+
+
+def test_a_misspelled_command_is_one_line_naming_the_command_meant():
+    r = run("recvoer", T)
+    assert r.exit_code == 2 and r.output.strip() == (
+        "Error: no such command 'recvoer': did you mean 'recover'? (see 'main --help')")
+
+
+def test_a_misspelled_option_names_the_option_meant_among_those_help_shows():
+    r = run("recover", T, "--tolerence", "1")
+    assert r.exit_code == 2 and r.output.strip() == (
+        "Error: no such option --tolerence: did you mean --tolerance? (see 'main recover --help')")
+
+
+def test_a_build_older_than_any_known_loop_is_one_usage_line_and_no_hint():
+    r = run("recover", T, "-m", tiny_target(), "-o", "o.json", "--build", "b99")
+    assert r.exit_code == 2 and r.output.strip() == (
+        "Error: Invalid value for '--build': b99 is older than b9093, the oldest build whose loop spec-replay "
+        "knows (see 'main recover --help')")
+
+
+def test_patch_given_both_a_source_and_a_build_says_not_both(tmp_path):
+    r = run("patch", "--source", tmp_path, "--build", "b11434")
+    assert r.exit_code == 2 and one_error(r) == (
+        "Error: give --source DIR or --build bN|0c1e570, not both (see 'main patch --help')")
+
+
+def test_record_with_a_missing_request_file_says_so_before_asking_the_server(tmp_path):
+    r = run("record", f"http://127.0.0.1:{free_port()}", "--request", tmp_path / "req.json", "-o", tmp_path / "t.json")
+    assert r.exit_code == 3 and one_error(r) == f"Error: {tmp_path / 'req.json'}: cannot read: No such file or directory"

@@ -16,10 +16,12 @@ set SPEC_REPLAY_RAISE_ERRORS=1 to see the traceback instead.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Iterable
 
 import click
 
@@ -36,8 +38,26 @@ class OneLineUsage(click.UsageError):
         click.echo(f"Error: {self.format_message()}{hint}", err=True)
 
 
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The one of `choices` a mistyped `word` most likely meant (difflib's ratio, at least 0.6), or None.
+
+    >>> nearest("recvoer", ["record", "recover", "trace"]), nearest("--tolerence", ["--force", "--tolerance"])
+    ('recover', '--tolerance')
+    >>> nearest("zzz", ["record", "recover"]) is None
+    True
+    """
+    best = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return best[0] if best else None
+
+
 def _one_line(e: click.UsageError) -> OneLineUsage:
-    out = OneLineUsage(e.format_message(), ctx=e.ctx)
+    message = e.format_message()
+    if isinstance(e, click.NoSuchOption):  # the nearest option shown in --help, not click's list of a few
+        shown = [o for p in e.ctx.command.params if isinstance(p, click.Option) and not p.hidden
+                 for o in (*p.opts, *p.secondary_opts)] if e.ctx is not None else list(e.possibilities or ())
+        meant = nearest(e.option_name, shown)
+        message = f"no such option {e.option_name}" + (f": did you mean {meant}?" if meant else "")
+    out = OneLineUsage(message, ctx=e.ctx)
     out.exit_code = e.exit_code
     return out
 
@@ -90,6 +110,16 @@ class Command(click.Command):
 
 class Group(click.Group):
     command_class = Command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        """A misspelled command is one line naming the command it most likely meant."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            name = args[0] if args else ""
+            meant = nearest(name, self.list_commands(ctx))
+            raise OneLineUsage(f"no such command {name!r}" + (f": did you mean {meant!r}?" if meant else ""),
+                               ctx=ctx) from None
 
 
 

@@ -78,11 +78,14 @@ def patch_cmd(source: Path | None, profile: str | None, output: Path | None, for
     spec-replay patch --build b11434 > b11434.patch
     spec-replay patch --example --source ~/llama.cpp -o speculative-example.patch
     """
-    from replay.transcripts.files import refuse_existing, write_atomic
-    if (source is None) == (profile is None):
+    from replay.transcripts.files import check_writable, refuse_existing, write_atomic
+    if source is not None and profile is not None:
+        raise click.UsageError("give --source DIR or --build bN|0c1e570, not both")
+    if source is None and profile is None:
         raise click.UsageError("give --source DIR (your llama.cpp checkout) or --build bN|0c1e570")
     if output is not None:
         refuse_existing(output, force)
+        check_writable(output)
     log = (lambda line: click.echo(line, err=True)) if verbose else None
     if verify:
         if example:

@@ -125,7 +125,15 @@ class _BuildType(click.ParamType):
             text = f"b{text}"
         if not is_profile(text):
             self.fail(f"{value!r} is neither b<N> (a llama.cpp build, e.g. b11401) nor 0c1e570", param, ctx)
+        if text != "0c1e570":
+            from replay.builds.loop_shapes import ERAS
+            if int(text[1:]) < ERAS[0].first:
+                self.fail(f"{text} is older than b{ERAS[0].first}, the oldest build whose loop spec-replay knows",
+                          param, ctx)
         return text
+
+    def get_metavar(self, param, ctx) -> str:  # as typed: a commit id is lower case
+        return self.name
 
 
 BUILD = _BuildType()

@@ -57,11 +57,14 @@ def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int
     from replay.commands.record import server_snapshot
     from replay.proxy.app import Proxy, Settings
     from replay.proxy.filler import Filler
+    from replay.run.inputs import draft_file
 
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"URL must start with http:// or https://, got {url!r}")
+    given = given_flags(flags)
+    draft_file(given)
     server_snapshot(url)  # the upstream is a llama.cpp server, now: else one line and exit 3
-    recorded = flags_block(given_flags(flags))
+    recorded = flags_block(given)
     log = (lambda line: click.echo(line, err=True)) if verbose else None
     app = Proxy(Settings(url, recorded, workers=workers, backlog=backlog, on_failure=on_failure, serial=serial,
                          log=log),

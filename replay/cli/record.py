@@ -51,27 +51,31 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
         record_one,
         server_snapshot,
     )
-    from replay.transcripts.files import read_text_file, refuse_existing, write_atomic
+    from replay.transcripts.files import check_writable, read_text_file, refuse_existing, write_atomic
     from replay.transcripts.format import dumps
 
     if bool(request_file) == bool(requests_file):
         raise click.UsageError("give exactly one of --request and --requests")
     out = Path(output)
     refuse_existing(out, force)
+    check_writable(out)
     recorded = flags_block(given_flags(flags))
-    snapshot = server_snapshot(url)
-    if request_file:
+    if request_file:  # read before the server is asked anything: a missing file is said as missing
         text = sys.stdin.read() if request_file == "-" else read_text_file(request_file)
         try:
             obj = json.loads(text)
         except ValueError as e:
             raise TranscriptError(f"invalid JSON ({json_error(e)})", source=request_file) from e
+    else:
+        requests_text = read_text_file(requests_file)
+    snapshot = server_snapshot(url)
+    if request_file:
         t = record_one(url, make_item(obj, endpoint, request_file), recorded, snapshot=snapshot)
         write_atomic(out, dumps(t) + "\n", force=force)
         click.echo(f"recorded 1 request to {out}", err=True)
         return
     lines, failed = [], 0
-    items = list(parse_request_lines(read_text_file(requests_file), endpoint, requests_file))
+    items = list(parse_request_lines(requests_text, endpoint, requests_file))
     with progress_bar(len(items), "recording requests") as advance:
         for k, item in enumerate(items, 1):
             advance(k - 1)

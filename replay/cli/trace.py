@@ -24,7 +24,7 @@ from replay.cli.options import (
 from replay.cli.render import shown
 from replay.comparison.trace import TraceResult
 from replay.report import schema as report_json
-from replay.run.inputs import Inputs, Outputs
+from replay.run.inputs import Inputs, Outputs, draft_file
 from replay.transcripts.readers import Record
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     from replay.runtime.llama import set_verbose
     from replay.transcripts.files import write_atomic
     flags = given_flags(flags)
+    draft_file(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
         raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")

@@ -21,7 +21,7 @@ from replay.cli.options import (
 from replay.cli.trace import start_loop
 from replay.errors import SettingsError, TranscriptError
 from replay.report import schema as report_json
-from replay.run.inputs import Outputs
+from replay.run.inputs import Outputs, draft_file
 
 
 @main.command()
@@ -81,6 +81,7 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     from replay.runtime.llama import set_verbose
     from replay.transcripts.files import write_atomic
     flags = given_flags(flags)
+    draft_file(flags)
     set_verbose(verbose)
     task = TuneTask(flags, tuple(varies), build_number(build), renamed_model, samples)
     try:

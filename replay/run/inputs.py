@@ -22,7 +22,7 @@ from typing import Any
 from replay.errors import ModelError, TranscriptError, UsageError
 from replay.reading.identity import file_name, model_names
 from replay.runtime.gguf import check_gguf
-from replay.transcripts.files import read_request, refuse_existing
+from replay.transcripts.files import check_writable, read_request, refuse_existing
 from replay.transcripts.readers import Record, read_source, read_text
 
 
@@ -33,6 +33,13 @@ def input_file(path: str | Path, what: str, error: type) -> None:
         raise error(f"{path} is a directory, not {what}")
     if not p.is_file():
         raise error(f"{what} not found: {path}")
+
+
+def draft_file(flags: dict) -> None:
+    """-md, where given, is a file here (recover, diff, trace, tune and proxy load it): one line (exit 3)
+    naming it missing, before any model loads. (`record` and `check` pass -md on as the server's path.)"""
+    if flags.get("draft_model"):
+        input_file(flags["draft_model"], "a draft model file", ModelError)
 
 
 @dataclass(frozen=True)
@@ -119,17 +126,22 @@ class Outputs:
 
     def check(self, *inputs: str | Path | None) -> "Outputs":
         """No output is one of `inputs` or another output, and none exists unless --force (the repaired
-        file may, with --resume). Usage errors (exit 2) but for an existing file (exit 3)."""
+        file may, with --resume), and each can be written (transcripts/files.py check_writable). Usage
+        errors (exit 2) but for an existing file or one that cannot be written (exit 3)."""
         if self.out is not None and not self.in_place:
             _not_an_input(self.out, inputs, "-o")
             if not self.resume:
                 refuse_existing(self.out, self.force)
+            check_writable(self.out)
+        elif self.in_place and inputs and inputs[0] is not None:
+            check_writable(inputs[0])  # replaced by a file written beside it
         for name, extra in (("--report", self.report_file), ("--html", self.html_file)):
             if extra:
                 _not_an_input(Path(extra), inputs, name)
                 if self.out is not None and Path(extra).resolve() == self.out.resolve():
                     raise UsageError(f"{name} must not be the output file")
                 refuse_existing(extra, self.force)
+                check_writable(extra)
         if self.report_file and self.html_file and Path(self.report_file).resolve() == Path(self.html_file).resolve():
             raise UsageError("--report and --html must be different files")
         return self

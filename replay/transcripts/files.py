@@ -15,6 +15,40 @@ def refuse_existing(path: Path | str, force: bool) -> None:
         raise OutputExistsError(f"{path} exists; use --force to overwrite it")
 
 
+def check_writable(path: Path | str) -> None:
+    """Fail early, before any work, where `path` cannot be written, naming the reason that holds there:
+    `path` is a folder; a part of its folder path is a file; a missing folder cannot be made (write_atomic
+    makes the missing ones); the folder takes no new file (read-only, no permission, or a kernel
+    filesystem such as /proc). Nothing is left behind.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / "f").write_text("")
+    >>> check_writable(d / "new" / "out.json")  # a folder that can be made
+    >>> try: check_writable(d / "f" / "out.json")
+    ... except SpecReplayError as e: print(str(e).replace(str(d), "D"))
+    cannot write D/f/out.json: D/f is a file, not a folder
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise SpecReplayError(f"cannot write {path}: it is a folder")
+    folder, missing = path.parent if str(path.parent) else Path("."), None
+    while not folder.exists() and folder != folder.parent:
+        folder, missing = folder.parent, folder
+    if not folder.is_dir():
+        raise SpecReplayError(f"cannot write {path}: {folder} is a file, not a folder")
+    try:
+        if missing is not None:  # made and removed: write_atomic makes it when it writes
+            missing.mkdir()
+            missing.rmdir()
+        else:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        what = f"the folder {missing} cannot be made" if missing is not None else \
+            f"{folder} takes no new file"
+        raise SpecReplayError(f"cannot write {path}: {what} ({e.strerror or e})") from e
+
+
 def write_atomic(path: Path | str, data: str | bytes, *, force: bool = False) -> Path:
     """Write `data` to `path` so that readers see either nothing or the whole file.
 

@@ -294,7 +294,7 @@ def test_a_request_after_a_cancelled_replay_is_answered_however_late_pebble_stop
     the cancelled one, and is lost with it when the stop comes: pebble never answers it
     (noxdafox/pebble#153). Here each replay takes 2 s and pebble's stop comes 3 s after the cancel, inside
     the next replay; that request is still answered and filled, since the proxy sends it to the pool only
-    once the cancelled one's worker has exited. (Without Proxy.hold_until_stopped it is never answered.)"""
+    once the cancelled one's worker has exited. (Without the proxy's StopGate, replay/proxy/workers.py, it is never answered.)"""
     stop = WorkerManager.maybe_stop_worker
 
     def late(self, worker_id):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import multiprocessing
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from replay.commands.record import ids_of, snapshot_of, tokenize_body, transcrip
 from replay.proxy.exchange import COMPLETION, V1_CHAT, asks_probabilities, client_event, client_object, endpoint_of, \
     upstream_request
 from replay.proxy.filler import Filled, Filler
+from replay.proxy.workers import StopGate, worker_pids
 from replay.transcripts.format import now_iso
 
 FILLED_HEADER = "X-Spec-Replay-Filled"  # how many values the proxy filled in this response
@@ -85,12 +85,6 @@ class Generation:
     others: int
 
 
-def worker_pids() -> set[int]:
-    """The pids of this process's live pebble workers, found as pebble finds them (pool/process.py: by
-    the process name it gives them)."""
-    return {p.pid for p in multiprocessing.active_children() if p.name == "pebble_pool_worker" and p.pid}
-
-
 class Proxy:
     """The aiohttp application's state: the upstream session, its snapshot (/props, /slots, /v1/models, read
     at start), the worker pool and the backlog."""
@@ -108,9 +102,7 @@ class Proxy:
         self.one_at_a_time = asyncio.Lock() if settings.serial else None
         self.replays: set = set()  # the replays scheduled on the workers (pebble futures), until they end
         self.stale = False  # the upstream went away: read its snapshot again before the next fill
-        self.settled = asyncio.Event()  # clear from a cancel until pebble has stopped the cancelled one's worker
-        self.settled.set()
-        self.settling: set[asyncio.Task] = set()
+        self.gate = StopGate()  # closed from a cancel until pebble has stopped the cancelled one's worker
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20)
@@ -276,14 +268,14 @@ class Proxy:
             if not self.pool.active:  # a worker died between replays, which pebble takes for a broken pool
                 self.pool.stop()
                 self.pool = self.new_pool()
-            await self.settled.wait()
+            await self.gate.passed()
             future = self.pool.schedule(_fill, (transcript, seq))
             self.replays.add(future)
             try:
                 return await asyncio.wrap_future(future)
             except asyncio.CancelledError:
                 if future.cancel():  # a replay that had not finished: pebble stops its worker, a moment later
-                    self.hold_until_stopped(worker_pids())
+                    self.gate.close_until_one_exits(worker_pids())  # (workers.py: noxdafox/pebble#153)
                 if self.settings.log is not None:
                     self.settings.log(f"proxy: {endpoint}: the client went away; its replay was cancelled")
                 raise
@@ -295,26 +287,6 @@ class Proxy:
             finally:
                 self.replays.discard(future)
         return Filled(refused="the replay workers keep dying before they start a replay")
-
-    def hold_until_stopped(self, workers: set[int]) -> None:
-        """Schedule no replay until one of `workers` (the pool's, when a replay was cancelled) has exited.
-        pebble stops a cancelled replay's worker from its manager thread some time after the cancel; a
-        replay sent to the pool in between can be taken by that worker, which then dies with it, and
-        pebble never answers that replay (noxdafox/pebble#153, open in 5.2.3): the request would hang."""
-        if not workers:
-            return
-        self.settled.clear()
-
-        async def wait() -> None:
-            try:
-                deadline = time.monotonic() + 30  # the worker's SIGTERM, then pebble's SIGKILL, take seconds
-                while workers <= worker_pids() and time.monotonic() < deadline:
-                    await asyncio.sleep(0.02)
-            finally:
-                self.settled.set()
-        task = asyncio.ensure_future(wait())
-        self.settling.add(task)
-        task.add_done_callback(self.settling.discard)
 
     async def prompt_ids(self, endpoint: str, body: dict) -> list[int]:
         """The prompt ids the server evaluates, asked of the server as `record` asks them

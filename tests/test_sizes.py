@@ -19,7 +19,6 @@ LONGER_TODAY = {
     "replay/cli/trace.py:trace": 72,
     "replay/cli/tune.py:tune": 70,
     "replay/scale/pool.py:run_local": 68,
-    "replay/cli/record.py:record": 63,
     "replay/scale/journaled.py:recover_journaled": 63,
     "replay/cli/trace.py:show": 62,
     "replay/cli/tune.py:show": 61,

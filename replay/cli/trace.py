@@ -13,9 +13,9 @@ from replay.cli.options import (
     BUILD,
     build_number,
     every_server_flag,
-    given_flags,
     json_option,
     libllama_option,
+    local_flags,
     server_cpu_option,
     server_flags,
     stderr_say,
@@ -24,7 +24,7 @@ from replay.cli.options import (
 from replay.cli.render import shown
 from replay.comparison.trace import TraceResult
 from replay.report import schema as report_json
-from replay.run.inputs import Inputs, Outputs, draft_file
+from replay.run.inputs import Inputs, Outputs
 from replay.transcripts.readers import Record
 
 if TYPE_CHECKING:
@@ -98,8 +98,7 @@ def trace(transcript, model, renamed_model, request_file, build, source, prompt,
     from replay.run.trace import TraceTask, trace_report
     from replay.runtime.llama import set_verbose
     from replay.transcripts.files import write_atomic
-    flags = given_flags(flags)
-    draft_file(flags)
+    flags = local_flags(flags)
     set_verbose(verbose)
     if not transcript and not prompt:
         raise click.UsageError("give a TRANSCRIPT, or --prompt to run the loop from scratch")

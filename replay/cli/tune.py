@@ -11,9 +11,9 @@ from replay.cli.options import (
     BUILD,
     build_number,
     every_server_flag,
-    given_flags,
     json_option,
     libllama_option,
+    local_flags,
     server_cpu_option,
     server_flags,
     verbose_option,
@@ -21,7 +21,7 @@ from replay.cli.options import (
 from replay.cli.trace import start_loop
 from replay.errors import SettingsError, TranscriptError
 from replay.report import schema as report_json
-from replay.run.inputs import Outputs, draft_file
+from replay.run.inputs import Outputs
 
 
 @main.command()
@@ -80,8 +80,7 @@ def tune(transcript, model, varies, measure, samples, workers, html_file, force,
     from replay.run.tune import TuneTask, run_sweep
     from replay.runtime.llama import set_verbose
     from replay.transcripts.files import write_atomic
-    flags = given_flags(flags)
-    draft_file(flags)
+    flags = local_flags(flags)
     set_verbose(verbose)
     task = TuneTask(flags, tuple(varies), build_number(build), renamed_model, samples)
     try:

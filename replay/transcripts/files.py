@@ -21,7 +21,7 @@ def check_writable(path: Path | str) -> None:
     makes the missing ones); the folder takes no new file (read-only, no permission, or a kernel
     filesystem such as /proc). Nothing is left behind.
 
-    >>> import tempfile; d = Path(tempfile.mkdtemp()); (d / "f").write_text("")
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / "f").write_text("")
     >>> check_writable(d / "new" / "out.json")  # a folder that can be made
     >>> try: check_writable(d / "f" / "out.json")
     ... except SpecReplayError as e: print(str(e).replace(str(d), "D"))

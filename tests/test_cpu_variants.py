@@ -143,7 +143,7 @@ def test_one_record_tries_the_best_class_on_itself_and_probes_only_where_its_fir
     def run(src: Path) -> tuple[subprocess.CompletedProcess, Path]:
         out = tmp_path / f"{src.stem}.fixed.json"
         p = subprocess.run([sys.executable, "-m", "replay.cli", "recover", src, "-m", smollm2, "-o", out, "--force",
-                            "--libllama", b11434.bin_dir], capture_output=True, text=True, timeout=900,
+                            "--libllama", b11434.bin_dir, "-v"], capture_output=True, text=True, timeout=900,
                            env={**__import__("os").environ, **env})
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
         return p, out

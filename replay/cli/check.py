@@ -100,7 +100,10 @@ def _unreachable(res, as_json: bool) -> None:
 def _probe_say(quiet: bool):
     """check's probe says its kernel lines (unless quiet) and warnings, not which libllama it replays on
     (the audit is about the server)."""
-    def say(line: str, warning: bool = False) -> None:
+    def say(line: str, warning: bool = False, detail: bool = False) -> None:
+        from replay.runtime.llama import verbose
+        if detail and not verbose():
+            return
         if warning or not (quiet or line.startswith(("libllama:", "hint:"))):
             click.echo(line, err=True)
     return say

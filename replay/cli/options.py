@@ -192,10 +192,18 @@ def server_cpu_option(fn: Callable) -> Callable:
              "(spec-replay build, the default --cpu variants)")(fn)
 
 
-def stderr_say(quiet: bool) -> Callable[[str, bool], None]:
+def _llama_verbose() -> bool:
+    from replay.runtime.llama import verbose  # imported when said: the CLI's start loads no libllama
+    return verbose()
+
+
+def stderr_say(quiet: bool, verbose: bool | None = None) -> Callable[..., None]:
     """What a run's front door says (run/engine.py), on stderr: warnings always, the rest unless `quiet`
-    (--json, whose report carries it)."""
-    def say(line: str, warning: bool = False) -> None:
+    (--json, whose report carries it), its details (the candidates probed, one line each) only with -v
+    (`verbose`; None: as runtime/llama.py's flag says)."""
+    def say(line: str, warning: bool = False, detail: bool = False) -> None:
+        if detail and not (verbose if verbose is not None else _llama_verbose()):
+            return
         if warning or not quiet:
             click.echo(line, err=True)
     return say

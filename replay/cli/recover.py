@@ -108,7 +108,7 @@ def _start(transcript: str, model: str, request_file: str | None, flags: dict, *
                              build=build_number(build), source=source, shared_batches=shared_batches,
                              renamed_model=renamed_model)
     engine = choose_engine(inputs, flags=flags, options=options, libllama=libllama, server_cpu=server_cpu,
-                           say=stderr_say(as_json), guess=len(inputs.records) <= guess_up_to)
+                           say=stderr_say(as_json, verbose), guess=len(inputs.records) <= guess_up_to)
     set_verbose(verbose)
     return inputs, engine, RecoverTask(flags, options)
 
@@ -164,7 +164,7 @@ def _show(res: RecoverResult, as_json: bool) -> None:
             click.echo(f"warning: {warning}", err=True)
     for r in res.records:
         for note in r.notes:
-            click.echo(f"note: {r.source}, record {r.record}: {note}")
+            click.echo(f"note: {r.source}, record {r.record}: {note}", err=True)
     for r in res.records:
         approx = r.approximation() if r.recovered else None
         if approx is not None and approx[0] is not None:

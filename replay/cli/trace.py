@@ -232,4 +232,4 @@ def show(res: TraceResult, piece: Callable[[int], str], steps_range: str | None)
     if described:
         click.echo("settings: " + "; ".join(f"{k} {shown(v)} ({src})" for k, v, src in described))
     for note in res.notes:
-        click.echo(f"note: {note}")
+        click.echo(f"note: {note}", err=True)

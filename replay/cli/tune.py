@@ -186,9 +186,9 @@ def show(runs, table, notes: list[str], samples: int) -> None:
         unpriced = [r.setting.spelled for r in runs if not r.priced(table)]
         if unpriced:
             click.echo(f"note: no prediction for {', '.join(unpriced)}: the timings fit saw no draft-model decodes to "
-                       "price theirs (--measure times them)")
+                       "price theirs (--measure times them)", err=True)
     for n in notes:
-        click.echo(f"note: {n}")
+        click.echo(f"note: {n}", err=True)
     base = runs[0].records
     sampled = [x.record for x in base if not x.exact]
     if sampled:
@@ -197,13 +197,13 @@ def show(runs, table, notes: list[str], samples: int) -> None:
                "(an interval needs 5)" if samples > 1 else "one run with the request's seed")
         click.echo(f"note: records {', '.join(map(str, sampled[:10]))}{' ...' if len(sampled) > 10 else ''} sample at "
                    f"temperature > 0: their counts are {how}; 'expected' is the verifier's expectation given each "
-                   "draft (exact over its draws)")
+                   "draft (exact over its draws)", err=True)
     moved = sorted({x.record for r in runs[1:] for x in r.records if x.exact and x.same_tokens is False})
     if moved:
         click.echo(f"note: at temperature 0, records {', '.join(map(str, moved[:10]))} emit other tokens under some "
                    "setting: its verify batches moved a near-tie (batch numerics), so those counts are that "
-                   "setting's own run")
+                   "setting's own run", err=True)
     why = sorted({x.no_expectation for r in runs for x in r.records if x.no_expectation})
     if why:
         click.echo(f"note: no expected acceptance for records where {'; '.join(why)}"
-                   + (" (*: over the other records)" if any(r.expected is not None for r in runs) else ""))
+                   + (" (*: over the other records)" if any(r.expected is not None for r in runs) else ""), err=True)

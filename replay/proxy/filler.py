@@ -106,5 +106,5 @@ class Filler:
         return result_of(inputs.records, done, inputs.text)
 
 
-def _quiet(line: str, warning: bool) -> None:
+def _quiet(line: str, warning: bool = False, detail: bool = False) -> None:
     pass

@@ -28,10 +28,10 @@ from replay.runtime import binding
 from replay.runtime.binding import LibChoice, library_file
 from replay.runtime.engine import EngineChoice
 
-Say = Callable[[str, bool], None]  # (line, whether it is a warning)
+Say = Callable[..., None]  # (line, warning=False, detail=False): a warning; a detail shown only with -v
 
 
-def _quiet(line: str, warning: bool) -> None:
+def _quiet(line: str, warning: bool = False, detail: bool = False) -> None:
     pass
 
 
@@ -46,9 +46,10 @@ def choose_engine(inputs: Inputs, *, flags: dict, options: RecoverOptions | None
     say = say or _quiet
     notes: list[str] = []
 
-    def tell(line: str, warning: bool = False) -> None:
-        notes.append(line)
-        say(line, warning)
+    def tell(line: str, warning: bool = False, detail: bool = False) -> None:
+        if not detail:
+            notes.append(line)
+        say(line, warning, detail)
     lib, kept = _libllama(inputs, libllama, options, tell)
     loaded, _ = binding.variant_in_process()
     if lib.why == UNNAMED and not kept and not loaded:

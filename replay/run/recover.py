@@ -122,7 +122,7 @@ def recover_inputs(inputs: Inputs, engine: EngineChoice, task: RecoverTask,
     return result_of(inputs.records, done, inputs.text)
 
 
-def _warn(line: str, warning: bool) -> None:
+def _warn(line: str, warning: bool = False, detail: bool = False) -> None:
     if warning:
         warnings.warn(line.removeprefix("warning: "), stacklevel=3)
 

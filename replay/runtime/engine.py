@@ -11,7 +11,7 @@ server flags with the chosen repack and thread count put over them, a new dict e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -51,6 +51,20 @@ class KernelChoice:
         0.02
         """
         return dict(self.bounds).get(record)
+
+    def brief(self, width: int = 120) -> str:
+        """The console's line: describe() with the variants computing alike counted, not named, those not
+        probed left out, and cut to `width` characters where it is still longer (-v prints describe();
+        the report has it whole).
+
+        >>> KernelChoice("haswell", "matched", 0.0, 0, ("piledriver", "alderlake")).brief()
+        'haswell (AVX2), matched on the first entry of record 1 (as exactly: 2 others)'
+        """
+        short = replace(self, equal=(f"{len(self.equal)} other{'s' if len(self.equal) > 1 else ''}",)
+                        if len(self.equal) > 1 else self.equal,
+                        unprobed=())
+        line = short.describe()
+        return line if len(line) <= width else line[:width - 10].rstrip(" ,;(") + " ... (-v)"
 
     def describe(self) -> str:
         """The report's line.

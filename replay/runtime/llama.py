@@ -82,6 +82,11 @@ def set_verbose(flag: bool) -> None:
     _verbose = flag
 
 
+def verbose() -> bool:
+    """Whether -v (or SPEC_REPLAY_VERBOSE) asked for logs and details."""
+    return _verbose
+
+
 _backend_ready = False
 
 

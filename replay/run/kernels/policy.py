@@ -40,7 +40,12 @@ from replay.settings import resolve
 from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record, shared_evidence
 
-Say = Callable[[str], None]  # one line of what the choice is doing (stderr on the command line)
+Say = Callable[..., None]  # one line of what the choice is doing (stderr on the command line); detail=True: -v only
+
+
+def _detail(say: Say, line: str) -> None:
+    """A line of how the choice is made (each candidate's probe, a class ruled out): shown with -v."""
+    say(line, detail=True)
 
 
 def recorded_repack(records: list[Record]) -> bool | None:
@@ -83,7 +88,7 @@ class Kernels:
 def _verdicts(bin_dir: Path, names: list[str], say: Say) -> dict[str, health.Health]:
     unknown = [n for n in names if health.health(bin_dir, n, probe=False) is None]
     if unknown:
-        say(f"kernels: checking which CPU variants run on this host ({', '.join(unknown)}), once")
+        _detail(say, f"kernels: checking which CPU variants run on this host ({', '.join(unknown)}), once")
     return health.verdicts(bin_dir, names)
 
 
@@ -116,7 +121,7 @@ def candidates_in(lib_dir: Path, present: list[str], modes: list[bool], modes_fr
     crashes = tuple(verdicts[v].describe() for v in can if not all(verdicts[v].runs(m) for m in modes))
     pairs = [Candidate(v, m) for m in modes for v in can if verdicts[v].runs(m)]
     for line in crashes:
-        say(f"kernels: {line}: not a candidate")
+        _detail(say, f"kernels: {line}: not a candidate")
     return Candidates(lib_dir, present, can, verdicts, modes, modes_from, pairs, crashes)
 
 
@@ -189,7 +194,10 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
                                                     settling.lead.repack))
     else:
         choice = _probed(job, cands.pairs, beyond=cands.beyond, crashes=cands.crashes, say=say)
-    say(f"kernels: {choice.describe()}" + (f" (repack: {modes_from})" if modes_from != "probed" else ""))
+    repack = f" (repack: {modes_from})" if modes_from != "probed" else ""
+    say(f"kernels: {choice.brief()}{repack}")
+    if choice.brief() != choice.describe():
+        _detail(say, f"kernels, in full: {choice.describe()}{repack}")
     return Kernels(choice, choice.repack)
 
 
@@ -229,19 +237,19 @@ def _by_loop(job: ProbeJob, candidates: list[Candidate], *, shared: str | None, 
     why = "no record carries a real first entry to tell the kernels by"
     left, parted = candidates, {}
     if shared is None:
-        say(f"kernels: {why}; replaying the server's loop over the records under each class of "
+        _detail(say, f"kernels: {why}; replaying the server's loop over the records under each class of "
             f"{', '.join(c.label for c in candidates)}: its tokens and draft totals tell them")
         groups, found = loop_parted(candidates, job, cache, context)
         kept, parted = told_by_loop({rep.label: got for rep, got in found.items()})
         members = {rep.label: g for rep, g in zip(found, groups)}
         left = [c for label in kept for c in members[label]]
         for label, reason in parted.items():
-            say(f"  {label:<24} out: {reason}")
+            _detail(say, f"  {label:<24} out: {reason}")
         if len(kept) == 1:
             lead, *same = members[kept[0]]
             return KernelChoice(lead.variant, "loop", equal=tuple(c.label for c in same), repack=lead.repack,
                                 crashes=crashes, why="; ".join(f"{k} {v}" for k, v in parted.items()))
-    say(f"kernels: {why}; computing each record under every class of {', '.join(c.label for c in left)} for the "
+    _detail(say, f"kernels: {why}; computing each record under every class of {', '.join(c.label for c in left)} for the "
         "bound on its values")
     spread = value_spread(left, job, list(range(len(records))), cache, context)
     ruled = f"; the loop replay ruled out {', '.join(parted)}" if parted else ""
@@ -258,12 +266,12 @@ def _apart_by_loop(job: ProbeJob, probes: list[Probe], *, shared: str | None, sa
     apart = exact_apart(probes, job.options.tolerance) if shared is None else []
     if not apart:
         return probes, ""
-    say(f"kernels: {', '.join(p.label for p in apart)} reproduce the first entry exactly and decode the tokens after "
+    _detail(say, f"kernels: {', '.join(p.label for p in apart)} reproduce the first entry exactly and decode the tokens after "
         "it apart; replaying the server's loop under each: its tokens and draft totals tell them")
     _, found = loop_parted([Candidate(p.variant, p.repack) for p in apart], job, None, None)
     _, parted = told_by_loop({c.label: got for c, got in found.items()})
     for label, reason in parted.items():
-        say(f"  {label:<24} out: {reason}")
+        _detail(say, f"  {label:<24} out: {reason}")
     return [p for p in probes if p.label not in parted], "; ".join(f"{k} ({v})" for k, v in parted.items())
 
 
@@ -277,18 +285,18 @@ def _probed(job: ProbeJob, candidates: list[Candidate], *, beyond: list[str], cr
     best = candidates[0]
     if not ks:
         return _by_loop(job, candidates, shared=shared, crashes=crashes, say=say)
-    say(f"kernels: evaluating the first entry of {records_named(ks)} under each candidate this host runs "
+    _detail(say, f"kernels: evaluating the first entry of {records_named(ks)} under each candidate this host runs "
         f"({', '.join(c.label for c in candidates)})")
 
     def said(label: str, p: Probe) -> None:
         also = f"; stands for {', '.join(p.same)}" if p.same else ""
-        say(f"  {label:<24} " + (f"{p.diff:.3g} nats off (record {p.record + 1}){also}" if p.diff is not None
+        _detail(say, f"  {label:<24} " + (f"{p.diff:.3g} nats off (record {p.record + 1}){also}" if p.diff is not None
                                  else f"error: {p.error}"))
     rec = records[ks[0]]
     ctx = resolve("context", flags=job.flags, recorded=rec.flags, props=rec.props)
     cache, context = default_cache(), {a: getattr(ctx, a) for a in SIGNATURE_CONTEXT}
     if not classes_known(candidates, job, ks[0], cache, context):
-        say(f"kernels: first learning which candidates compute alike on this model, from their kernel "
+        _detail(say, f"kernels: first learning which candidates compute alike on this model, from their kernel "
             f"signatures, once per model, library and context settings (kept in {cache.root})")
     probes = probe_variants(candidates, job, ks, progress=said, until_exact=EXACT, cache=cache, context=context)
     probes, ruled = _apart_by_loop(job, probes, shared=shared, say=say)

@@ -1,6 +1,7 @@
 """`spec-replay proxy`'s memory over many requests.
 
-    python3 bench/proxy_memory.py [N]         # N requests (10,000 if left out), one client after another
+    python3 bench/proxy_memory.py [N]              # N requests (10,000 if left out), one client after another
+    python3 bench/proxy_memory.py [N] --recorded   # the same, in front of a recorded upstream
 
 A b11434 llama-server running the tiny fixture target drafted by the tiny draft model (draft-simple, one
 slot, -c 256) and `spec-replay proxy` in front of it (one worker, from the command line as a user starts
@@ -20,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -51,8 +53,8 @@ def workers(pid: int) -> list[int]:
     return [w for child in kids.get(pid, []) for w in kids.get(child, [])]
 
 
-def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
+def post(url: str, body: dict, endpoint: str = "/completion") -> tuple[int, dict]:
+    req = urllib.request.Request(url + endpoint, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=600) as r:
@@ -62,8 +64,81 @@ def post(url: str, body: dict) -> tuple[int, dict]:
         return e.code, {"x-spec-replay-unfilled": e.read().decode()[:300]}
 
 
+def recorded_upstream(t: dict) -> str:
+    """An upstream answering as the b11434 server `t` was recorded from (tests/test_proxy.py
+    recorded_server), on loopback in a thread of this process: its URL."""
+    import asyncio
+    import threading
+    sys.path.insert(0, str(REPO / "tests"))
+    from aiohttp import web
+    from test_proxy import recorded_server
+    port, ready = free_port(), threading.Event()
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(recorded_server(t))
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+    threading.Thread(target=serve, daemon=True).start()
+    ready.wait(30)
+    return f"http://127.0.0.1:{port}"
+
+
+def main_recorded(n: int) -> None:
+    """The proxy (one worker, from the command line) in front of a recorded upstream: the committed
+    tiny-v1-chat transcript's server (b11434, the tiny target drafted by the tiny draft), answering every
+    chat request with that response; every other request asks for logprobs (filled by the worker), the
+    rest ask for none (passed through)."""
+    t = json.loads((FIXTURES / "transcripts" / "tiny-v1-chat.json").read_text())
+    asks = {k: v for k, v in t["request"].items() if k not in t["added_fields"] or k == "cache_prompt"}
+    plain = {k: v for k, v in asks.items() if k not in ("logprobs", "top_logprobs")}
+    upstream = recorded_upstream(t)
+    port = free_port()
+    proxy = subprocess.Popen([sys.executable, "-m", "replay.cli", "proxy", upstream, "-m", str(TARGET), "--port",
+                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url)
+        print(f"recorded upstream (tiny-v1-chat.json, b11434), {n} requests, every other one filled; "
+              f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+        _drive(url, proxy, n, lambda k: asks if k % 2 else plain, t["endpoint"])
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=90)
+
+
+def _wait(url: str) -> None:
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+
+
+def _drive(url: str, proxy: subprocess.Popen, n: int, body_of: Callable[[int], dict], endpoint: str) -> None:
+    print(f"{'requests':>9} {'proxy MiB':>10} {'worker MiB':>11} {'s':>7}")
+    first, started, filled, row = None, time.perf_counter(), 0, None
+    for k in range(1, n + 1):
+        status, headers = post(url, body_of(k), endpoint)
+        if status != 200 or (k % 2 and "x-spec-replay-filled" not in headers):
+            sys.exit(f"request {k}: HTTP {status}, {headers.get('x-spec-replay-unfilled', 'not filled')}")
+        filled += int(headers.get("x-spec-replay-filled", "0"))
+        if k % max(1, n // 10) == 0:
+            w = workers(proxy.pid)
+            row = (rss_kib(proxy.pid) / 1024, sum(rss_kib(p) for p in w) / 1024)
+            first = first or row
+            print(f"{k:>9} {row[0]:>10.1f} {row[1]:>11.1f} {time.perf_counter() - started:>7.0f}", flush=True)
+    print(f"growth from the first line to the last: proxy {row[0] - first[0]:+.1f} MiB, "
+          f"worker {row[1] - first[1]:+.1f} MiB; {filled} values filled")
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 10_000
+    if "--recorded" in sys.argv:
+        return main_recorded(n)
     built = ensure_built(BuildSpec("b11434"))
     variant = variants_that_run(built.bin_dir)[0]
     cfg = ServerConfig(TARGET, n_ctx=256, draft_model=DRAFT, spec_types=("draft-simple",))
@@ -74,31 +149,12 @@ def main() -> None:
         proxy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
         url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(300):
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=2).read()
-                    break
-                except OSError:
-                    time.sleep(0.2)
+            _wait(url)
             print(f"b11434 ({variant}), tiny target + tiny draft, {n} requests, every other one filled; "
                   f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
-            print(f"{'requests':>9} {'proxy MiB':>10} {'worker MiB':>11} {'s':>7}")
-            first, started, filled = None, time.perf_counter(), 0
-            for k in range(1, n + 1):
-                body = {"prompt": "bcdbc" + "ab" * (k % 7), "n_predict": 24, "temperature": 1.0, "seed": k, "cache_prompt": False}
-                if k % 2:
-                    body["n_probs"] = 3
-                status, headers = post(url, body)
-                if status != 200 or (k % 2 and "x-spec-replay-filled" not in headers):
-                    sys.exit(f"request {k}: HTTP {status}, {headers.get('x-spec-replay-unfilled', 'not filled')}")
-                filled += int(headers.get("x-spec-replay-filled", "0"))
-                if k % max(1, n // 10) == 0:
-                    w = workers(proxy.pid)
-                    row = (rss_kib(proxy.pid) / 1024, sum(rss_kib(p) for p in w) / 1024)
-                    first = first or row
-                    print(f"{k:>9} {row[0]:>10.1f} {row[1]:>11.1f} {time.perf_counter() - started:>7.0f}", flush=True)
-            print(f"growth from the first line to the last: proxy {row[0] - first[0]:+.1f} MiB, "
-                  f"worker {row[1] - first[1]:+.1f} MiB; {filled} values filled")
+            _drive(url, proxy, n, lambda k: {"prompt": "bcdbc" + "ab" * (k % 7), "n_predict": 24, "temperature": 1.0,
+                                              "seed": k, "cache_prompt": False, **({"n_probs": 3} if k % 2 else {})},
+                   "/completion")
         finally:
             proxy.terminate()
             proxy.wait(timeout=90)

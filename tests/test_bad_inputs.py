@@ -182,3 +182,15 @@ def test_patch_given_both_a_source_and_a_build_says_not_both(tmp_path):
 def test_record_with_a_missing_request_file_says_so_before_asking_the_server(tmp_path):
     r = run("record", f"http://127.0.0.1:{free_port()}", "--request", tmp_path / "req.json", "-o", tmp_path / "t.json")
     assert r.exit_code == 3 and one_error(r) == f"Error: {tmp_path / 'req.json'}: cannot read: No such file or directory"
+
+
+def test_an_interrupted_run_is_named_by_the_files_that_are_there(tmp_path):
+    """Before, with OUT.partial removed and OUT.partial.json left, the message named OUT.partial."""
+    from replay.errors import OutputExistsError
+    from replay.scale.journaled import Journal
+    out = tmp_path / "fixed.jsonl"
+    (tmp_path / "fixed.jsonl.partial.json").write_text("{}")
+    with pytest.raises(OutputExistsError) as e:
+        Journal(out, {}).open(resume=False, force=False)
+    assert str(e.value) == (f"{tmp_path / 'fixed.jsonl.partial.json'} holds an interrupted run: pass --resume to "
+                            "continue it, or --force to start over")

@@ -58,8 +58,9 @@ class Journal:
         """Start (or continue) the journal; returns how many records are already finished."""
         exists = self.path.exists() or self.meta.exists()
         if exists and not resume and not force:
-            raise OutputExistsError(f"{self.path} holds an interrupted run: pass --resume to continue it, "
-                                    "or --force to start over")
+            held = ", ".join(str(p) for p in (self.path, self.meta) if p.exists())  # the files that are there
+            raise OutputExistsError(f"{held} hold{'s' if ',' not in held else ''} an interrupted run: pass --resume "
+                                    "to continue it, or --force to start over")
         done = 0
         if exists and resume:
             try:

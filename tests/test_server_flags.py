@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import one_error, run
 
 from replay.cli import main
-from replay.llamacpp.models import tiny_target
+from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
 from replay.settings import BY_FLAG
 from replay.settings.server_flags import BY_NAME, SERVER_FLAGS, judge
@@ -87,7 +87,7 @@ def test_an_ignored_flag_is_said_on_stderr_and_changes_nothing(tmp_path):
     of them. A flag that changes nothing recover computes is said to be ignored."""
     plain = run("diff", T, "-m", tiny_target(), "--json")
     r = run("diff", T, "-m", tiny_target(), "--json", "--port", "8081", "--host", "0.0.0.0", "--metrics",
-            "-md", "whatever.gguf", "--spec-type", "draft-simple", "--log-colors", "off", "-kvo", "-td", "3")
+            "-md", tiny_draft(), "--spec-type", "draft-simple", "--log-colors", "off", "-kvo", "-td", "3")
     assert r.exit_code == 0, r.output
     assert plain.stdout == r.stdout
     notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]

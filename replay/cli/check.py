@@ -30,13 +30,13 @@ def _token_rows(tokens: list[dict]) -> str:
 @click.option("--n-probs", type=click.IntRange(min=1), default=3, show_default=True,
               help="alternatives the probe asks for per token (its n_probs)")
 @click.option("--prompt", default=None, help="probe prompt (default: a repetitive sentence)")
-@click.option("-m", "--model", type=click.Path(dir_okay=False, exists=True),
+@click.option("-m", "--model", metavar="FNAME", type=click.Path(dir_okay=False, exists=True),
               help="the server's target GGUF, here too: then say which CPU kernels the server computes with (the "
                    "variant of a release-style libllama that reproduces its first entry)")
-@click.option(*BY_ATTR["draft_model"].names, "draft", type=click.Path(),
+@click.option(*BY_ATTR["draft_model"].names, "draft", type=click.Path(), metavar=BY_ATTR["draft_model"].metavar,
               help="the server's draft GGUF: taken as the server spells it, and not used (no endpoint of the "
                    "server names its draft, so there is nothing to check it against)")
-@libllama_option
+@libllama_option(source=False)
 @server_flags("speculative", exclude=("draft_model",))
 @verbose_option
 def check(url: str, as_json: bool, probe_tokens: int, n_probs: int, prompt: str | None, model: str | None,
@@ -133,7 +133,7 @@ def _server_kernels(url: str, model: str, libllama: str | None, prompt: str, n_p
 
 
 @main.command()
-@click.option("-m", "--model", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("-m", "--model", metavar="FNAME", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="target GGUF (default: the committed tiny fixture)")
 @click.option(*BY_ATTR["draft_model"].names, "draft", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="draft GGUF (default: the committed tiny noisy draft)")

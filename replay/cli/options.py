@@ -172,13 +172,18 @@ def json_option(what: str) -> Callable:
                         help=f"print {what} as JSON on stdout (an error too, as {{\"error\": ...}})")
 
 
-def libllama_option(fn: Callable) -> Callable:
-    """--libllama: which libllama the replay evaluates with (llamacpp/libllama.py chooses by default)."""
-    return click.option("--libllama", "libllama", metavar="PATH|bundled",
-                        help="evaluate with this libllama.so (or the directory holding it; its llama.h is looked "
-                             "for beside it or in --source) instead of the one chosen for the transcript's build "
-                             "(that build's own when it is built here: spec-replay build --build bN), or "
-                             "'bundled' for llama-cpp-python's own")(fn)
+def libllama_option(fn: Callable | None = None, *, source: bool = True) -> Callable:
+    """--libllama: which libllama the replay evaluates with (llamacpp/libllama.py chooses by default); its
+    help names --source only on a command that has it (`source`)."""
+    beside = "beside it or in --source" if source else "beside it"
+
+    def add(f: Callable) -> Callable:
+        return click.option("--libllama", "libllama", metavar="PATH|bundled",
+                            help=f"evaluate with this libllama.so (or the directory holding it; its llama.h is "
+                                 f"looked for {beside}) instead of the one chosen for the server's build (that "
+                                 "build's own when it is built here: spec-replay build --build bN), or 'bundled' "
+                                 "for llama-cpp-python's own")(f)
+    return add(fn) if fn is not None else add
 
 
 def server_cpu_option(fn: Callable) -> Callable:

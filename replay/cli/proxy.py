@@ -13,7 +13,7 @@ from replay.settings import flags_block
 
 @main.command()
 @click.argument("url")
-@click.option("-m", "--model", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("-m", "--model", metavar="FNAME", required=True, type=click.Path(exists=True, dir_okay=False),
               help="the target GGUF the server runs (-m)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address the proxy listens on")
 @click.option("--port", default=8090, show_default=True, type=click.IntRange(1, 65535), help="its port")
@@ -30,7 +30,7 @@ from replay.settings import flags_block
                    "one batch, so values that would be approximate (shared batches) are exact; the server's "
                    "throughput becomes one request's")
 @server_flags("speculative", "context", "sampling")
-@libllama_option
+@libllama_option(source=False)
 @server_cpu_option
 @verbose_option
 def proxy(url: str, model: str, host: str, port: int, workers: int, backlog: int, on_failure: str, serial: bool,

@@ -16,7 +16,7 @@ from replay.transcripts.format import ENDPOINTS
 
 @main.command()
 @click.argument("url")
-@click.option("--request", "request_file", type=click.Path(dir_okay=False, allow_dash=True),
+@click.option("--request", "request_file", metavar="FILE", type=click.Path(dir_okay=False, allow_dash=True),
               help="JSON request body ('-' for stdin)")
 @click.option("--requests", "requests_file", type=click.Path(dir_okay=False, exists=True),
               help="JSONL file, one request per line (a body, or {\"endpoint\":..., \"request\":...})")

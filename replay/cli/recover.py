@@ -30,12 +30,12 @@ from replay.run.inputs import Inputs, Outputs
 def _recover_options(fn):
     opts = [
         click.argument("transcript", type=click.Path()),
-        click.option("-m", "--model", required=True, type=click.Path(),
+        click.option("-m", "--model", metavar="FNAME", required=True, type=click.Path(),
                      help="the target GGUF the server ran (-m)"),
         click.option("--renamed-model", is_flag=True,
                      help="-m is the file the server loaded under another name: its name is not compared with "
                           "the transcript's (its file type and size still are)"),
-        click.option("--request", "request_file", type=click.Path(),
+        click.option("--request", "request_file", metavar="FILE", type=click.Path(),
                      help="the request body, for a transcript that is a bare response"),
         click.option("--report", "report_file", type=click.Path(dir_okay=False),
                      help="also write the per-token report as JSON"),

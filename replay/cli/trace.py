@@ -46,11 +46,11 @@ def start_loop(transcript: str | None, request_file: str | None, model: str, tas
 @main.command()
 @every_server_flag("trace")
 @click.argument("transcript", required=False, type=click.Path())
-@click.option("-m", "--model", required=True, type=click.Path(), help="the target GGUF (-m)")
+@click.option("-m", "--model", metavar="FNAME", required=True, type=click.Path(), help="the target GGUF (-m)")
 @click.option("--renamed-model", is_flag=True,
               help="-m (and -md) are the files the server loaded under other names: their names are not compared "
                    "with the transcript's (file type and size still are)")
-@click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
+@click.option("--request", "request_file", metavar="FILE", type=click.Path(dir_okay=False), help="request body for a bare response")
 @click.option("--build", "build", type=BUILD,
               help="replay the loop of this llama.cpp build (b11434; default: the transcript's build_info)")
 @click.option("--source", "source", type=click.Path(file_okay=False, exists=True),

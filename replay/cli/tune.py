@@ -27,7 +27,7 @@ from replay.run.inputs import Outputs
 @main.command()
 @every_server_flag("trace")
 @click.argument("transcript", type=click.Path())
-@click.option("-m", "--model", required=True, type=click.Path(), help="the target GGUF (-m)")
+@click.option("-m", "--model", metavar="FNAME", required=True, type=click.Path(), help="the target GGUF (-m)")
 @click.option("--vary", "varies", multiple=True, required=True, metavar="FLAG=V1,V2,...",
               help="a loop setting and its values, spelled as llama-server spells it (--spec-draft-n-max=2,4,8; "
                    "--spec-type=draft-simple,ngram-mod, several types joined by +); repeat for a grid")
@@ -48,12 +48,12 @@ from replay.run.inputs import Outputs
 @click.option("--renamed-model", is_flag=True,
               help="-m (and -md) are the files the server loaded under other names: their names are not compared "
                    "with the transcript's (file type and size still are)")
-@click.option("--request", "request_file", type=click.Path(dir_okay=False), help="request body for a bare response")
+@click.option("--request", "request_file", metavar="FILE", type=click.Path(dir_okay=False), help="request body for a bare response")
 @click.option("--build", "build", type=BUILD,
               help="replay the loop of this llama.cpp build (b11434; default: the transcript's build_info)")
 @json_option("every setting's counts, record by record, and the speed model")
 @verbose_option
-@libllama_option
+@libllama_option(source=False)
 @server_cpu_option
 @server_flags("speculative", "context", "sampling")
 def tune(transcript, model, varies, measure, samples, workers, html_file, force, renamed_model, request_file, build,

@@ -95,7 +95,7 @@ def test_the_command_prints_a_ranked_table_and_json():
     assert r.exit_code == 0, r.output
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("as recorded", "--spec"))]
     assert lines[0].startswith("as recorded") and lines[1].startswith("--spec-draft-n-max 8")  # fewest decodes first
-    assert "one run with the request's seed" in r.stdout
+    assert "one run with the request's seed" in r.stderr and "note:" not in r.stdout  # notes on stderr
     d = json.loads(run("tune", T, "-m", MODEL, "-md", DRAFT, "--vary", "--spec-draft-n-max=1,8", "--json").stdout)
     assert d["format"] == "spec-replay-tune" and [s["drafted"] for s in d["settings"]] == [36, 13, 82]
 

@@ -281,13 +281,6 @@ def test_a_client_that_goes_away_cancels_its_replay_and_the_next_request_is_fill
     assert status == 200 and int(headers[FILLED_HEADER]) > 0
 
 
-async def _answered(aw, what: str, within: float = 30.0):
-    try:
-        return await asyncio.wait_for(aw, within)
-    except asyncio.TimeoutError:
-        pytest.fail(f"{what}: not answered within {within:.0f} s")
-
-
 def test_a_request_after_a_cancelled_replay_is_answered_however_late_pebble_stops_its_worker(monkeypatch):
     """pebble stops a cancelled replay's worker from its manager thread some time after the cancel (on a
     loaded machine, long after). A replay sent to the pool in between is taken by that worker once it ends

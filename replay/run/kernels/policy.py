@@ -195,9 +195,10 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
     else:
         choice = _probed(job, cands.pairs, beyond=cands.beyond, crashes=cands.crashes, say=say)
     repack = f" (repack: {modes_from})" if modes_from != "probed" else ""
-    say(f"kernels: {choice.brief()}{repack}")
-    if choice.brief() != choice.describe():
-        _detail(say, f"kernels, in full: {choice.describe()}{repack}")
+    brief, whole = choice.brief(), choice.describe()
+    say(f"kernels: {brief}{repack}")
+    if brief != whole:
+        _detail(say, f"kernels, in full: {whole}{repack}")
     return Kernels(choice, choice.repack)
 
 

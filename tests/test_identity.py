@@ -166,6 +166,21 @@ def test_a_transcript_the_proxy_had_at_the_server_with_others_is_shared_batches_
         read_text(json.dumps(t), "t")
 
 
+def test_a_busy_slot_in_the_snapshot_is_shared_batches_only_where_the_server_has_another_slot():
+    """A request sent while /slots shows a slot processing: on a one-slot server it waited for that slot
+    and ran alone (no evidence of shared batches); on a server of several slots it ran beside it."""
+    t = json.loads(T.read_text())
+    busy, idle = {"id": 0, "is_processing": True}, {"id": 1, "is_processing": False}
+    t["server"]["slots"] = [busy]
+    assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None
+    t["server"]["slots"] = [busy, idle]
+    t["server"]["props"]["total_slots"] = 2
+    t["server"].get("speculative", {}).pop("n_parallel", None)
+    assert read_text(json.dumps(t), "t")[0].busy_when_sent() == "another slot was busy when it was sent (/slots)"
+    t["server"]["slots"] = [{**busy, "is_processing": False}, idle]
+    assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None
+
+
 def test_records_that_ran_across_a_second_boundary_are_shared_batches_when_no_placement_parts_them():
     """A harness whose 1.9 s requests ended either side of a second: record 3 (ended in second 100)
     shares no certain second with record 2 (101) or record 5 (99), yet no choice of their ends keeps it

@@ -83,12 +83,22 @@ class Record:
         one, or a response from slot 3, is no such evidence: a lone request on a fresh default-flag
         server (4 slots) runs alone, on whichever slot it gets (`overlapping`: records that overlap in
         time are the other evidence)."""
-        if any(isinstance(s, dict) and s.get("is_processing") for s in (self.snapshot_slots or [])):
+        if self.other_slot_busy():
             return "another slot was busy when it was sent (/slots)"
         if self.ran_with and self.slots() != 1:  # one slot runs one request at a time: the others queued
             n = self.ran_with
             return f"the proxy had {n} other request{'s' if n > 1 else ''} at the server while it ran"
         return None
+
+    def other_slot_busy(self) -> bool:
+        """Whether the /slots snapshot taken before the request shows a slot processing while the server
+        has another: on a one-slot server (one slot listed, or the slot count says one) the busy slot is
+        the one the request waits for, and it then runs alone (b11434 tools/server/server-context.cpp:2610-2612:
+        with no slot free the task is deferred until one is)."""
+        listed = [s for s in (self.snapshot_slots or []) if isinstance(s, dict)]
+        if len(listed) == 1 or self.slots() == 1:
+            return False
+        return any(s.get("is_processing") for s in listed)
 
     def several_slots(self, n_parallel: int | None = None) -> str | None:
         """The server's slot count where it had several, as words (a possibility to name, not evidence of

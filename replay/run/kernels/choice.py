@@ -238,8 +238,7 @@ def witnesses(records: Sequence[Record], *, shared: bool = False, limit: int = W
     for k, rec in enumerate(records):
         entries = record_entries(rec)
         if entries and (entries[0].top or entries[0].logprob != 0.0):
-            busy = any(isinstance(s, dict) and s.get("is_processing") for s in (rec.snapshot_slots or []))
-            keys.append((bool(n_prompt_cached(rec.final())), busy, k))
+            keys.append((bool(n_prompt_cached(rec.final())), rec.other_slot_busy(), k))
     return [k for *_, k in sorted(keys)][:limit if shared else 1]
 
 

@@ -5,6 +5,7 @@
     record.py    record                 llamacpp.py build, patch
     lab.py       dist
     options.py   llama-server's flags, generated from the settings table; the options every run takes
+    help.py      how --help is laid out: sections, llama-server's flags behind --help-server-flags
     render.py    what a command shows: report tables, the progress bar, the one error line
 
 Every run (recover, diff, trace, tune) starts at the front door (replay/run/: its inputs checked, its
@@ -27,6 +28,7 @@ import click
 
 from replay.version import __version__
 from replay.errors import Exit, SpecReplayError, UsageError
+from replay.cli import help
 from replay.cli.render import fail
 
 
@@ -66,6 +68,19 @@ class Command(click.Command):
     """A command whose failures end in one line and a documented exit code (errors.Exit): a known
     failure (SpecReplayError) exits 3, a bug 70 (SPEC_REPLAY_RAISE_ERRORS=1 re-raises both), Ctrl-C 130,
     a closed stdout (`| head`) quietly. Usage errors stay click's (exit 2)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """The command's parameters, with --help-server-flags before --help where it takes llama-server's flags."""
+        params = super().get_params(ctx)
+        if not help.server_flag_params(params):
+            return params
+        if "_help_server_flags" not in self.__dict__:
+            self._help_server_flags = help.server_flags_help_option()
+        return [*params[:-1], self._help_server_flags, params[-1]]
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """--help: the command's own options in sections, llama-server's flags as one line (cli/help.py)."""
+        help.format_sections(ctx, formatter, self.get_params(ctx))
 
     def make_context(self, info_name, args, parent=None, **extra):
         """Parsing: a value the OS refuses while an option's type checks it (a path holding a NUL

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import click
 
+from replay.cli.help import ServerFlag
 from replay.settings import BY_ATTR, Setting, rows
 
 
@@ -32,17 +33,19 @@ class _SettingType(click.ParamType):
 
 
 def _option(s: Setting) -> Callable:
+    """The click option of settings row `s` (a ServerFlag: listed by --help-server-flags)."""
     default = s.default if s.kind not in ("list", "strings") else ",".join(map(repr, s.default)) or "none"
     help_ = f"{s.help} (llama-server default: {default})"
     if s.since is not None:
         help_ += f"; builds b{s.since} and later"
     metavar = s.metavar or ("[" + "|".join(s.choices) + "]" if s.choices else None)
+    common = dict(cls=ServerFlag, group=s.group, help=help_)
     if s.kind == "flag":
-        return click.option(*s.names, s.attr, is_flag=True, default=None, help=help_)
+        return click.option(*s.names, s.attr, is_flag=True, default=None, **common)
     if s.kind in ("list", "strings"):
         kind = _SettingType(s) if s.kind == "list" else click.STRING
-        return click.option(*s.names, s.attr, type=kind, multiple=True, metavar=metavar, help=help_)
-    return click.option(*s.names, s.attr, type=_SettingType(s), default=None, metavar=metavar, help=help_)
+        return click.option(*s.names, s.attr, type=kind, multiple=True, metavar=metavar, **common)
+    return click.option(*s.names, s.attr, type=_SettingType(s), default=None, metavar=metavar, **common)
 
 
 def server_flags(*groups: str, exclude: tuple[str, ...] = ()) -> Callable:

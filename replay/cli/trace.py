@@ -56,8 +56,8 @@ def start_loop(transcript: str | None, request_file: str | None, model: str, tas
 @click.option("--source", "source", type=click.Path(file_okay=False, exists=True),
               help="replay the loop of this llama.cpp checkout, recognised from its code")
 @click.option("--prompt", help="without a transcript: run the loop from scratch on this prompt, as a /completion "
-                              "request that sets nothing (the server flags below apply; --seed defaults to 1 and "
-                              "-n to 32 there)")
+                              "request that sets nothing (llama-server's flags apply: --help-server-flags; --seed "
+                              "defaults to 1 and -n to 32 there)")
 @click.option("--steps", "steps_range", help="only show steps a:b")
 @json_option("the full trace")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False),

@@ -92,14 +92,17 @@ def test_invalid_json_is_said_once(tmp_path):
     assert "at at" not in r.output
 
 
-def test_trace_outside_the_repo_says_to_give_the_draft(tmp_path, monkeypatch):
-    """The README fixture records its draft as fixtures/tiny-draft.gguf, relative to the repository."""
+def test_a_draft_found_nowhere_here_asks_for_md(tmp_path, monkeypatch):
+    """The README fixture records its draft as fixtures/tiny-draft.gguf, relative to where the server ran; with
+    no file of that name from the transcript's folder, next to it or next to -m, one line asks for -md."""
     monkeypatch.chdir(tmp_path)
-    r = run("trace", T, "-m", tiny_target())
+    lone = tmp_path / "target.gguf"
+    lone.write_bytes(tiny_target().read_bytes())
+    r = run("trace", T, "-m", lone, "--renamed-model")
     assert r.exit_code == 3
     assert one_error(r).endswith("model file not found: fixtures/tiny-draft.gguf (the transcript's "
-                                 "--spec-draft-model, a path on the server's machine): give the draft model "
-                                 "file with -md PATH")
+                                 "--spec-draft-model, a path on the server's machine, is not next to the "
+                                 "transcript or -m either): give the draft model file with -md PATH")
 
 
 def test_trace_shows_list_settings_as_they_are_typed():

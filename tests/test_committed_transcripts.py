@@ -21,6 +21,7 @@ from cli_helpers import clean_exit, one_error, run, same_repair
 from replay.errors import Exit
 from replay.llamacpp.models import tiny_draft, tiny_target
 from replay.paths import FIXTURES
+from replay.transcripts.readers import read_file
 
 TRANSCRIPTS = sorted(p.name for p in (FIXTURES / "transcripts").glob("*.json"))
 
@@ -47,6 +48,47 @@ def test_recover_repairs_each_to_its_committed_twin(tmp_path, name):
     assert {t["status"] for t in report["tokens"]} <= {"ok", "placeholder", "missing"}
     counts = report["summary"]["counts"]
     assert counts["placeholder"] + counts["missing"] >= len(report["tokens"]) - 2  # all but tokens outside the loop
+
+
+def test_every_committed_transcript_is_in_the_current_format():
+    """server.flags, spelled as llama-server spells them; the legacy server.speculative block only in
+    fixtures/transcripts/legacy/, for the reader that still understands it."""
+    for folder in ("", "repaired"):
+        for p in sorted((FIXTURES / "transcripts" / folder).glob("*.json")):
+            server = json.loads(p.read_text())["server"]
+            assert "speculative" not in server and "--spec-draft-model" in server["flags"], p
+
+
+def test_a_legacy_speculative_block_reads_as_the_flags_it_became_and_recovers_the_same(tmp_path):
+    legacy = FIXTURES / "transcripts" / "legacy" / "tiny-draft-simple.json"
+    current = FIXTURES / "transcripts" / "tiny-draft-simple.json"
+    assert "speculative" in json.loads(legacy.read_text())["server"]
+    assert read_file(legacy)[0].flags == read_file(current)[0].flags
+    out = tmp_path / "legacy.fixed.json"
+    assert run("recover", legacy, "-m", tiny_target(), "-o", out).exit_code == 0
+    got, twin = json.loads(out.read_text()), json.loads((FIXTURES / "transcripts" / "repaired" / current.name).read_text())
+    assert got["response"] == twin["response"]
+
+
+@pytest.mark.parametrize("command,extra", [("trace", ()), ("tune", ("--vary", "--spec-draft-n-max=2,4"))])
+def test_a_copied_transcript_finds_its_draft_next_to_the_target_from_any_directory(tmp_path, monkeypatch, command,
+                                                                                  extra):
+    """The transcript names its draft as the server was given it (fixtures/tiny-draft.gguf, relative to where
+    the server ran); copied elsewhere and run from there, the file of that name next to -m is the draft, and
+    the settings line says where it was found. A draft found nowhere asks for -md."""
+    copy = tmp_path / "t.json"
+    copy.write_bytes((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    r = run(command, copy, "-m", tiny_target(), *extra)
+    assert r.exit_code == 0, r.output[-2000:]
+    if command == "trace":
+        assert "(server.flags: fixtures/tiny-draft.gguf, found next to -m)" in r.stdout
+        assert "reproduced: all 20 tokens and the draft totals match the transcript" in r.stdout
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "target.gguf").write_bytes(tiny_target().read_bytes())
+    r = run(command, copy, "-m", lone / "target.gguf", "--renamed-model", *extra)
+    assert "give the draft model file with -md PATH" in one_error(r)
 
 
 # streams of the OpenAI endpoints send the text of speculative tokens without their ids
@@ -143,8 +185,8 @@ def test_trace_of_a_transcript_from_another_model(tmp_path):
 ])
 def test_unreplayable_transcripts_say_what_is_missing(tmp_path, types, extra, expected):
     t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
-    t["server"]["speculative"]["types"] = types
-    t["server"]["speculative"]["draft_model"] = None
+    t["server"]["flags"]["--spec-type"] = types
+    del t["server"]["flags"]["--spec-draft-model"]
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))
     assert expected in one_error(run("trace", p, "-m", tiny_target(), *extra))
@@ -162,7 +204,7 @@ def test_a_request_without_a_fixed_seed_cannot_be_traced(tmp_path):
 
 def test_a_transcript_without_its_speculative_type_is_traced_without_drafting_and_says_so(tmp_path):
     t = json.loads((FIXTURES / "transcripts" / "tiny-draft-simple.json").read_text())
-    t["server"]["speculative"]["types"] = []
+    t["server"]["flags"]["--spec-type"] = []
     del t["response"]["generation_settings"]["speculative.types"]  # /completion echoes them too
     p = tmp_path / "t.json"
     p.write_text(json.dumps(t))

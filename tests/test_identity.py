@@ -157,7 +157,7 @@ def test_a_transcript_the_proxy_had_at_the_server_with_others_is_shared_batches_
     assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None  # tiny-draft-simple: one slot
     for slots in (4, None):  # None: nothing says how many
         t["server"]["props"]["total_slots"] = slots
-        t["server"].get("speculative", {}).pop("n_parallel", None)
+        t["server"]["flags"].pop("--parallel", None)
         rec = read_text(json.dumps(t), "t")[0]
         assert rec.busy_when_sent() == "the proxy had 2 other requests at the server while it ran"
         assert shared_evidence([rec], None, False) == {1: rec.busy_when_sent()}
@@ -175,7 +175,7 @@ def test_a_busy_slot_in_the_snapshot_is_shared_batches_only_where_the_server_has
     assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None
     t["server"]["slots"] = [busy, idle]
     t["server"]["props"]["total_slots"] = 2
-    t["server"].get("speculative", {}).pop("n_parallel", None)
+    t["server"]["flags"].pop("--parallel", None)
     assert read_text(json.dumps(t), "t")[0].busy_when_sent() == "another slot was busy when it was sent (/slots)"
     t["server"]["slots"] = [{**busy, "is_processing": False}, idle]
     assert read_text(json.dumps(t), "t")[0].busy_when_sent() is None

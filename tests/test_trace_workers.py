@@ -62,9 +62,7 @@ def _records(specs: list[tuple], draft_sampling: str = "probabilistic"):
     out = []
     for types, temp, draft_n, *slot in specs:
         d = copy.deepcopy(base)
-        d["server"]["speculative"]["types"] = types
-        d["server"]["speculative"]["draft_sampling"] = draft_sampling
-        d["server"]["speculative"]["n_parallel"] = 4
+        d["server"]["flags"].update({"--spec-type": types, "--spec-draft-sampling": draft_sampling, "--parallel": 4})
         d["server"]["props"]["total_slots"] = 4
         d["request"]["temperature"] = d["response"]["generation_settings"]["temperature"] = temp
         d["response"]["timings"]["draft_n"] = draft_n

@@ -124,13 +124,19 @@ def _draft(drafts: Drafts, spec: Any, rec: Record, renamed: bool) -> Model:
         wrong = mismatch(compare_draft(rec, Path(spec.draft_model).name, renamed=renamed), "-md")
         if wrong:
             raise ModelError(wrong)
+    return draft_model_of(drafts, spec)
+
+
+def draft_model_of(drafts: Drafts, spec: Any) -> Model:
+    """spec's draft model, loaded once; where the transcript named it and it is not here (reading/record.py
+    draft_here looked next to the transcript and -m), one line asking for -md."""
     try:
         return drafts.get(spec.draft_model)
     except ModelError as e:
-        if given:
+        if spec.sources.get("draft_model") == "command line":
             raise
-        raise ModelError(f"{e} (the transcript's --spec-draft-model, a path on the server's machine): give the "
-                         "draft model file with -md PATH") from None
+        raise ModelError(f"{e} (the transcript's --spec-draft-model, a path on the server's machine, is not next to "
+                         "the transcript or -m either): give the draft model file with -md PATH") from None
 
 
 # --- the two entry points ----------------------------------------------------------------

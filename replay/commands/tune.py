@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from replay.commands.trace import Drafts, trace_read
+from replay.commands.trace import Drafts, draft_model_of, trace_read
 from replay.commands.trace_state import ServerState
 from replay.errors import SpecReplayError, TranscriptError, located
 from replay.loop.expectation import not_expectable
@@ -91,11 +91,15 @@ def _refuse(rec: Record, res) -> TranscriptError:
 
 
 def spec_of(p: Prepared, setting: Setting, flags: Mapping[str, Any]):
-    """The record's speculative flags under `setting` (the baseline: as read)."""
+    """The record's speculative flags under `setting` (the baseline: as read). The draft model is never
+    varied (tuning/sweep.py NOT_VARIED): it stays the one read found (-md, or the transcript's found here)."""
     if setting is BASELINE:
         return p.read.spec
     with located(p.rec.source, p.rec.index):
-        return resolve("speculative", flags={**flags, **setting.flags}, recorded=p.rec.flags, props=p.rec.props)
+        spec = resolve("speculative", flags={**flags, **setting.flags}, recorded=p.rec.flags, props=p.rec.props)
+    drafted = p.read.spec
+    return replace(spec, draft_model=drafted.draft_model,
+                   sources={**spec.sources, "draft_model": drafted.sources.get("draft_model", "default")})
 
 
 def check_settings(prepared: Sequence[Prepared], settings: Sequence[Setting], flags: Mapping[str, Any],
@@ -110,7 +114,7 @@ def check_settings(prepared: Sequence[Prepared], settings: Sequence[Setting], fl
             try:
                 with located(p.rec.source, p.rec.index):
                     if needs and spec.draft_model:
-                        drafts.get(spec.draft_model)
+                        draft_model_of(drafts, spec)
                     check_replayable(spec, era, has_draft_model=bool(spec.draft_model))
             except SpecReplayError as e:
                 e.args = (f"setting {setting.spelled!r}: {e}",)
@@ -184,7 +188,7 @@ def measure_here(prepared: Sequence[Prepared], runs: Sequence[SettingRun], targe
     drafting = next((run for run in runs if any(r.draft[0] for r in run.records)), None)
     spec = spec_of(prepared[0], drafting.setting, flags) if drafting is not None else first.spec
     mtp = drafting is not None and "draft-mtp" in spec.spec_types
-    draft = drafts.get(spec.draft_model) if drafting is not None and spec.draft_model else None
+    draft = draft_model_of(drafts, spec) if drafting is not None and spec.draft_model else None
     t_sizes = {b for run in runs for r in run.records for b in r.work.target_batches} | {1}
     d_sizes = {b for run in runs for r in run.records for b in r.work.draft_batches}
     depth = round(sum(len(p.read.prompt) + len(r.emitted) / 2 for p, r in zip(prepared, runs[0].records))

@@ -29,7 +29,7 @@ the pieces of the top lists the server sent equal to its own (check_vocabulary).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Callable
 
 from replay.errors import ModelError
@@ -136,6 +136,36 @@ def compare_draft(rec: Record, draft_file: str, *, renamed: bool = False) -> lis
         return [Compared("server.flags --spec-draft-model", name, draft_file,
                          "not compared: " + ("--renamed-model" if renamed else "not a file name"))]
     return [Compared("server.flags --spec-draft-model", name, draft_file, "same" if fname == draft_file else "differs")]
+
+
+def located_draft(recorded: str, transcript: str, model: str | Path,
+                  is_file: Callable[[Path], bool] = Path.is_file) -> tuple[str, str] | None:
+    """Where the draft the transcript names (its --spec-draft-model: a path on the server's machine, as the
+    server was given it) is here, when that path is not a file here: (path, where it was found), or None
+    (the path is a file as it stands, or it is found nowhere). Looked for, in order: the path taken from
+    the transcript's folder, then its file name next to the transcript, then next to -m; the first file
+    wins (a draft given with -md is never looked for).
+
+    >>> here = {Path("/data/run/fixtures/tiny-draft.gguf"), Path("/models/tiny-draft.gguf")}
+    >>> located_draft("fixtures/tiny-draft.gguf", "/data/run/t.json", "/models/t.gguf", here.__contains__)
+    ('/data/run/fixtures/tiny-draft.gguf', "from the transcript's folder")
+    >>> located_draft("/srv/models/tiny-draft.gguf", "/tmp/t.json", "/models/t.gguf", here.__contains__)
+    ('/models/tiny-draft.gguf', 'next to -m')
+    >>> located_draft("/srv/x.gguf", "/tmp/t.json", "/models/t.gguf", here.__contains__) is None
+    True
+    """
+    if is_file(Path(recorded)):
+        return None
+    name = file_name(recorded)
+    folder = Path(transcript).parent if transcript and not transcript.startswith("<") else None
+    candidates = []
+    if folder is not None and not Path(recorded).is_absolute():
+        candidates.append((folder / recorded, "from the transcript's folder"))
+    if name is not None:
+        if folder is not None:
+            candidates.append((folder / name, "next to the transcript"))
+        candidates.append((Path(model).parent / name, "next to -m"))
+    return next(((str(p), where) for p, where in candidates if is_file(p)), None)
 
 
 def mismatch(evidence: list[Compared], option: str) -> str | None:

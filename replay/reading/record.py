@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from replay.builds.loop_shapes import Shape, shape_for
 from replay.errors import ModelError
-from replay.reading.identity import Compared, ModelFacts, check_vocabulary, compare_model, mismatch
+from replay.reading.identity import Compared, ModelFacts, check_vocabulary, compare_model, located_draft, mismatch
 from replay.reading.settings import request_settings
 from replay.runtime.llama import Model
 from replay.settings import ContextConfig, SpecConfig, resolve
@@ -100,6 +100,7 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
     notes = list(settings.notes) + ([f"prompt and grammar as the server built them: {view.source}"]
                                     if view is not None else [])
     spec = echoed_types(resolve("speculative", flags=dict(flags), recorded=rec.flags, props=rec.props), final)
+    spec = draft_here(spec, rec, model.path)
     return ReadRecord(
         rec=rec, post=bool(rec.request.get("post_sampling_probs")), settings=settings, shape=shape, plan=plan,
         prompt=tuple(prompt), notes=tuple(notes),
@@ -107,6 +108,21 @@ def read_record(rec: Record, model: Model, flags: Mapping[str, Any], *, command:
         speculative=bool(drafted(final)) or speculating_types((rec.flags or {}).get("--spec-type")),
         slots=rec.slots(flags.get("n_parallel")), shared=shared or rec.busy_when_sent(),
         identity=identity)
+
+
+def draft_here(spec: SpecConfig, rec: Record, model: Path) -> SpecConfig:
+    """`spec` with the transcript's draft model where it is on this machine (reading/identity.py
+    located_draft: from the transcript's folder, next to it, or next to -m), its source saying so
+    ("server.flags: fixtures/tiny-draft.gguf, found next to -m"); as it was where -md was given or nothing
+    is found (the draft's loading then asks for -md)."""
+    if not spec.draft_model or spec.sources.get("draft_model") == "command line":
+        return spec
+    found = located_draft(str(spec.draft_model), rec.source, model)
+    if found is None:
+        return spec
+    path, where = found
+    source = f"{spec.sources.get('draft_model', 'server.flags')}: {spec.draft_model}, found {where}"
+    return dataclasses.replace(spec, draft_model=path, sources={**spec.sources, "draft_model": source})
 
 
 def echoed_types(spec: SpecConfig, final: dict | None) -> SpecConfig:

@@ -64,6 +64,8 @@ def test_a_legacy_speculative_block_reads_as_the_flags_it_became_and_recovers_th
     current = FIXTURES / "transcripts" / "tiny-draft-simple.json"
     assert "speculative" in json.loads(legacy.read_text())["server"]
     assert read_file(legacy)[0].flags == read_file(current)[0].flags
+    r = run("trace", legacy, "-m", tiny_target())  # each value says the block it came from
+    assert r.exit_code == 0 and "--spec-type draft-simple (server.speculative)" in r.stdout
     out = tmp_path / "legacy.fixed.json"
     assert run("recover", legacy, "-m", tiny_target(), "-o", out).exit_code == 0
     got, twin = json.loads(out.read_text()), json.loads((FIXTURES / "transcripts" / "repaired" / current.name).read_text())

@@ -17,7 +17,8 @@ import os
 from typing import Any, Mapping
 
 from replay.errors import SettingsError
-from replay.settings.table import BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, Setting, rows
+from replay.settings.table import (BY_ATTR, BY_FLAG, CHAT_TEMPLATE_FLAGS, SETTINGS, UNREPLAYED_BY_FLAG, RecordedFlags,
+                                   Setting, recorded_where, rows)
 
 # A replay's context and threads where the server's were left to it: --ctx-size 0 (the model's
 # n_ctx_train, which a replay cannot afford) with no /props n_ctx in the transcript takes the old
@@ -221,7 +222,7 @@ def resolve(group: str, *, flags: Mapping[str, Any] | None = None, recorded: Map
     for s in rows(group):
         for src, value in (("command line", (flags or {}).get(s.attr)),
                            ("/props", dig(props, s.props) if s.props else None),
-                           ("server.flags", (recorded or {}).get(s.flag))):
+                           (recorded_where(recorded), (recorded or {}).get(s.flag))):
             value = _usable(s, s.parse(value))
             if value is not None:
                 values[s.attr], sources[s.attr] = value, src
@@ -253,11 +254,11 @@ def flags_block(values: Mapping[str, Any]) -> dict[str, Any]:
     return block
 
 
-def recorded_flags(flags: Mapping | None, legacy: Mapping | None) -> dict[str, Any]:
+def recorded_flags(flags: Mapping | None, legacy: Mapping | None) -> RecordedFlags:
     """A transcript's server flags by flag name, parsed: its `server.flags`, or the older
     `server.speculative` block. Raises ValueError naming the flag for a value llama-server would
     not take, or a flag it does not know."""
-    out: dict[str, Any] = {}
+    out = RecordedFlags(where="server.flags" if flags is not None or legacy is None else "server.speculative")
     if flags is not None:
         for name, value in flags.items():
             s = BY_FLAG.get(name)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 from replay.errors import TranscriptError
 from replay.numerics.floats import widened
-from replay.settings.table import BY_ATTR, rows
+from replay.settings.table import BY_ATTR, recorded_where, rows
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 INT32 = 2**31
@@ -198,7 +198,7 @@ def server_sampling(*, flags: Mapping[str, Any] | None = None, recorded: Mapping
     as libllama renders it (llama_model_meta_val_str, what the server parses)."""
     given: dict[str, tuple[Any, str]] = {}
     for s in rows("sampling"):
-        for src, value in (("command line", (flags or {}).get(s.attr)), ("server.flags", (recorded or {}).get(s.flag))):
+        for src, value in (("command line", (flags or {}).get(s.attr)), (recorded_where(recorded), (recorded or {}).get(s.flag))):
             value = s.parse(value)
             if value is not None and value != ():
                 given[s.attr] = (value, src)

@@ -426,3 +426,17 @@ def unreplayed(recorded: Mapping | None, request: Mapping | None, command: str) 
             return (f"\"{name}\": {value!r} in the request: {u.why}; not replayed"
                     + (" by trace (recover is unaffected)" if u.recover_ok else ""))
     return None
+
+
+class RecordedFlags(dict):
+    """A transcript's server flags by flag name, and the block they were read from (`where`: what a
+    setting's source is called, "server.flags" or the legacy "server.speculative")."""
+
+    def __init__(self, *args: Any, where: str = "server.flags", **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+
+def recorded_where(recorded: Mapping | None) -> str:
+    """The source name of values read from `recorded` (RecordedFlags.where; a plain mapping: server.flags)."""
+    return getattr(recorded, "where", "server.flags")

@@ -188,8 +188,9 @@ def choose_kernels(inputs: Inputs, *, lib_dir: Path | None, flags: dict, options
     elif guess and (tried := _tried(job, cands.pairs, cands.crashes)) is not None:
         choice, settling = tried
         say(f"kernels: {VARIANTS[choice.variant].label if choice.variant in VARIANTS else choice.variant}"
-            f"{'' if choice.repack else ' --no-repack'}, tried first: {settling.why.split(', and ', 1)[1]}; "
-            f"record {choice.record + 1}'s first entry decides as it is recovered")
+            f"{'' if choice.repack else ' --no-repack'}, tried first; record {choice.record + 1}'s first entry "
+            "decides as it is recovered")
+        say(f"  tried first because {settling.why.split(', and ', 1)[1]}", detail=True)
         return Kernels(choice, choice.repack, Tried(settling.key, choice.record, settling.lead.variant,
                                                     settling.lead.repack))
     else:

@@ -46,7 +46,6 @@ def server_flags_text() -> tuple[str, str]:
         for attr, p in flags.items():
             if p.opts[0] in spelled:
                 takers.setdefault(attr, []).append(name)
-    every = taking
     ctx = click.Context(main, info_name="spec-replay", terminal_width=WIDTH, max_content_width=WIDTH)
     formatter = ctx.make_formatter()
     for group, title in help.GROUP_TITLES.items():
@@ -54,11 +53,11 @@ def server_flags_text() -> tuple[str, str]:
         for s in SETTINGS:
             if s.group == group and s.attr in flags:
                 opts, text = flags[s.attr].get_help_record(ctx)
-                missing = [n for n in every if n not in takers[s.attr]]
+                missing = [n for n in taking if n not in takers[s.attr]]
                 records.append((opts, text + (f" [not {', '.join(missing)}]" if missing else "")))
         with formatter.section(title):
             formatter.write_dl(records)
-    return formatter.getvalue(), f"{', '.join(every[:-1])} and {every[-1]}"
+    return formatter.getvalue(), f"{', '.join(taking[:-1])} and {taking[-1]}"
 
 
 def _others_taken() -> str:

@@ -119,8 +119,7 @@ class Drafts:
 def _draft(drafts: Drafts, spec: Any, rec: Record, renamed: bool) -> Model:
     """The draft model: -md, else the transcript's --spec-draft-model (a path on the server's machine, so
     one line saying to give -md where it is not a file here); -md is compared with the recorded name."""
-    given = spec.sources.get("draft_model") == "command line"
-    if given:
+    if spec.sources.get("draft_model") == "command line":
         wrong = mismatch(compare_draft(rec, Path(spec.draft_model).name, renamed=renamed), "-md")
         if wrong:
             raise ModelError(wrong)

@@ -67,6 +67,24 @@ def test_speculative_stream_chunks_without_entries_are_gaps_of_their_own_text():
     ]
 
 
+def test_a_v1_completions_streams_speculative_chunks_are_known_by_the_ids_their_verbose_copy_names():
+    """With verbose (record and the proxy ask for it), each /v1/completions chunk carries `__verbose`, whose
+    `tokens` names the chunk's token (server-task.cpp:1046-1052, 1099): the loop can match them. A chat
+    stream's chunks carry no such copy: their text stays a gap."""
+    def chunk(text: str, tid: int, entries=None) -> dict:
+        return {"choices": [{"text": text, "index": 0, "logprobs": {"content": entries} if entries else None,
+                             "finish_reason": None}], "__verbose": {"content": text, "tokens": [tid]}}
+    events = [chunk("a", 1, [entry(1, b"a")]), chunk("b", 4), chunk("cd", 5),
+              {"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}],
+               "__verbose": {"content": "", "tokens": []}}, "[DONE]"]
+    rec = record({"prompt": "x", "stream": True, "verbose": True}, events, endpoint="/v1/completions")
+    assert shape(build_plan(rec, piece)) == [
+        ("Known", 1, EntryPlace(0, 0, 0)),
+        ("Known", 4, EntryPlace(1, None, 0)),
+        ("Known", 5, EntryPlace(2, None, 0)),
+    ]
+
+
 def test_an_entry_without_an_id_is_aligned_from_its_own_bytes_and_owns_that_entry():
     rec = record({"prompt": "x"}, {"content": "acd", "completion_probabilities": [
         entry(1, b"a"), entry(None, b"cd")]})

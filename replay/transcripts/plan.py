@@ -20,7 +20,7 @@ which entry in it, or where in that list a new entry goes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from replay.errors import TranscriptError
 from replay.transcripts.readers import CHAT, NATIVE, Record, entries_of
@@ -222,6 +222,27 @@ def chunk_text(endpoint: str, c: dict) -> bytes:
     return t.encode("utf-8") if isinstance(t, str) else b""
 
 
+def chunk_ids(endpoint: str, c: dict) -> list[int]:
+    """The token ids a stream chunk names: /completion's `tokens` (with return_tokens), or on
+    /v1/completions the `__verbose` copy of them (with verbose: server-task.cpp:1099, the partial's
+    to_json_non_oaicompat, server-task.cpp:1046-1052). A chat stream's chunks name none: only its final
+    chunk carries `__verbose` (server-task.cpp:522), and a stream's final result has its tokens emptied
+    (server-context.cpp:2236-2238).
+
+    >>> chunk_ids("/completion", {"content": " lit", "tokens": [1150]})
+    [1150]
+    >>> chunk_ids("/v1/completions", {"choices": [{"text": " lit"}], "__verbose": {"tokens": [1150]}})
+    [1150]
+    >>> chunk_ids("/v1/chat/completions", {"choices": [{"delta": {"content": " lit"}}]})
+    []
+    """
+    holder = c if endpoint == NATIVE else c.get("__verbose") if endpoint != CHAT else None
+    ids = holder.get("tokens") if isinstance(holder, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        return []
+    return list(ids)
+
+
 def _plan_stream(rec: Record, piece, stops: list[str]) -> list[PlanItem]:
     plan: list[PlanItem] = []
     text = _Text()
@@ -236,9 +257,8 @@ def _plan_stream(rec: Record, piece, stops: list[str]) -> list[PlanItem]:
             plan += _with_gaps(entries, piece, k, text)
             continue
         end = len(entries or [])  # new entries go after whatever (empty) list the chunk has
-        if rec.endpoint == NATIVE and isinstance(c.get("tokens"), list) and c["tokens"]:
-            # /completion with return_tokens: the chunk names its token(s)
-            ids: list[Any] = [int(t) for t in c["tokens"]]
+        ids = chunk_ids(rec.endpoint, c)
+        if ids:
             text.sent.extend(sent)
             # a token ending in incomplete UTF-8 got no chunk: its bytes open this chunk's text
             gap = text.gap_before(sum(len(piece(t)) for t in ids))

@@ -73,6 +73,16 @@ def streamed(chunks) -> list[tuple[str, float, list[tuple[str, float]]]]:
     return out
 
 
+def completion_values(choices) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(id, logprob, top) of /v1/completions choices (or a stream's chunks' choices, in order): llama-server
+    sends them as `logprobs.content`, which the SDK's Completion keeps as an extra field."""
+    out = []
+    for c in choices:
+        for e in ((c.logprobs.model_dump().get("content") or []) if c.logprobs else []):
+            out.append((e["id"], e["logprob"], [(t["id"], t["logprob"]) for t in e["top_logprobs"]]))
+    return out
+
+
 def native_values(response: dict) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """(id, logprob, top) of a /completion response's completion_probabilities."""
     return [(e["id"], e["logprob"], [(t["id"], t["logprob"]) for t in e["top_logprobs"]])

@@ -31,7 +31,7 @@ import urllib.request
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from proxy_helpers import assert_same, native_values, running_proxy, values, workers_of
+from proxy_helpers import assert_same, completion_values, native_values, running_proxy, values, workers_of
 
 from replay.llamacpp.models import smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
@@ -183,24 +183,56 @@ def native(url: str, body: dict) -> tuple[dict, dict]:
         pytest.fail(f"HTTP {e.code}: {e.read().decode()}")
 
 
+def completion(prompt: str, n_predict: int, n_probs: int, **sampling) -> dict:
+    """An OpenAI SDK `completions.create` request; what the SDK does not name goes in extra_body."""
+    named = {k: sampling.pop(k) for k in ("temperature", "seed") if k in sampling}
+    return dict(model="m", prompt=prompt, max_tokens=n_predict, logprobs=n_probs, **named, extra_body=sampling)
+
+
+def sdk_in_turn(url: str, bodies: list[dict]) -> list[tuple[int, list, dict]]:
+    """`bodies` one after another to /v1/completions with the OpenAI SDK, as a harness sends them: the even
+    ones sync and whole, the odd ones async and streamed. [(X-Spec-Replay-Filled, values, timings)]"""
+    out = []
+    for i, b in enumerate(bodies):
+        if i % 2 == 0:
+            raw = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900) \
+                .completions.with_raw_response.create(**b)
+            got = raw.parse()
+            out.append((int(raw.headers["x-spec-replay-filled"]), completion_values(got.choices),
+                        got.model_extra.get("timings", {})))
+        else:
+            out.append(asyncio.run(_streamed_completion(url, b)))
+    return out
+
+
+async def _streamed_completion(url: str, body: dict) -> tuple[int, list, dict]:
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900) as c:
+        raw = await c.completions.with_raw_response.create(**body, stream=True)
+        chunks = [ch async for ch in raw.parse()]
+    timings = next((ch.model_extra["timings"] for ch in reversed(chunks) if ch.model_extra.get("timings")), {})
+    return int(raw.headers["x-spec-replay-filled"]), completion_values(c for ch in chunks for c in ch.choices), timings
+
+
 def in_turn(module_server, patched, cfg: ServerConfig, args: list, bodies: list[dict], log) -> None:
-    """`bodies` one after another through the proxy in front of a released server, and to a patched one:
-    the tokens and every value the same, and the server speculated."""
+    """`bodies` one after another through the proxy in front of a released server with the OpenAI SDK (sync,
+    then async and streamed, in turn), and to a patched one: the tokens and every value the same, and the
+    server speculated."""
     plain, truth = module_server(cfg), module_server(cfg, binary=patched.server)
     with running_proxy(plain.url, args, log) as url:
-        got = [native(url, b) for b in bodies]
-    want = [native(truth.url, b)[1] for b in bodies]
-    assert sum(g["timings"].get("draft_n", 0) for _, g in got) > 0
-    for (headers, g), w in zip(got, want):
-        assert int(headers["x-spec-replay-filled"]) > 0
-        assert_same(native_values(g), native_values(w))
+        got = sdk_in_turn(url, bodies)
+    client = OpenAI(base_url=truth.url + "/v1", api_key="none", max_retries=0, timeout=900)
+    want = [completion_values(client.completions.create(**b).choices) for b in bodies]
+    assert sum(t.get("draft_n", 0) for _, _, t in got) > 0
+    for (filled, g, _), w in zip(got, want):
+        assert filled > 0
+        assert_same(g, w)
 
 
 def test_ngram_mod_requests_in_turn_get_the_patched_servers_values(module_server, patched, smollm2, server_cpu,
                                                                    tmp_path):
     cfg = ServerConfig(smollm2, spec_types=("ngram-mod",))
     # the story cut mid-sentence: the model goes on repeating it, which the n-gram table drafts
-    bodies = [{"prompt": STORY[:n], "n_predict": 64, "n_probs": 3, "temperature": 0.0, "cache_prompt": False}
+    bodies = [completion(STORY[:n], 64, 3, temperature=0.0, cache_prompt=False)
               for n in (600, 1700)]  # the second past 256 positions: the loop's values, from the table
     in_turn(module_server, patched, cfg, ["-m", smollm2, "--spec-type", "ngram-mod", "-np", 1, *server_cpu],
             bodies, tmp_path / "log")
@@ -209,7 +241,7 @@ def test_ngram_mod_requests_in_turn_get_the_patched_servers_values(module_server
 def test_mtp_heads_requests_in_turn_get_the_patched_servers_values(module_server, patched, server_cpu, tmp_path):
     model = FIXTURES / "tiny-hyv3-q8_0-mtp1.gguf"
     cfg = ServerConfig(model, n_ctx=256, spec_types=("draft-mtp",))
-    bodies = [{"prompt": p, "n_predict": 48, "n_probs": 2, "temperature": 1.0, "seed": 3, "ignore_eos": True}
+    bodies = [completion(p, 48, 2, temperature=1.0, seed=3, ignore_eos=True)
               for p in ("hello world the", "The quick brown fox")]
     in_turn(module_server, patched, cfg, ["-m", model, "--spec-type", "draft-mtp", "-c", 256, "-np", 1, *server_cpu],
             bodies, tmp_path / "log")
@@ -218,7 +250,7 @@ def test_mtp_heads_requests_in_turn_get_the_patched_servers_values(module_server
 def test_gemma3_on_default_flags_gets_the_patched_servers_values(module_server, patched, gemma3, gemma3_draft,
                                                                  server_cpu, tmp_path):
     cfg = ServerConfig(gemma3, n_parallel=-1, n_ctx=4096, draft_model=gemma3_draft, spec_types=("draft-simple",))
-    bodies = [{"prompt": STORY[:1200] + "Retell it.", "n_predict": 32, "n_probs": 3, "temperature": 1.0, "seed": 2}]
+    bodies = [completion(STORY[:1200] + "Retell it.", 32, 3, temperature=1.0, seed=2)]
     in_turn(module_server, patched, cfg, ["-m", gemma3, "-md", gemma3_draft, "--spec-type", "draft-simple",
                                           "-c", 4096, *server_cpu], bodies, tmp_path / "log")
 
@@ -230,8 +262,7 @@ def test_sampling_defaults_from_the_model_file_and_the_command_line_get_the_patc
     started; the clients send only a temperature and a seed, as a harness does."""
     model = smollm2_with_defaults()
     cfg = ServerConfig(model, draft_model=smollm2_draft, spec_types=("draft-simple",), min_p=0.02)
-    bodies = [{"prompt": STORY[:400] + "Then", "n_predict": 40, "n_probs": 3, "temperature": 1.0, "seed": s}
-              for s in (4, 5)]
+    bodies = [completion(STORY[:400] + "Then", 40, 3, temperature=1.0, seed=s) for s in (4, 5)]
     in_turn(module_server, patched, cfg, ["-m", model, "-md", smollm2_draft, "--spec-type", "draft-simple",
                                           "--min-p", "0.02", "-np", 1, *server_cpu], bodies, tmp_path / "log")
 

@@ -7,7 +7,8 @@
   finished, and --resume completes it to the same bytes;
 * values do not depend on the thread count (-t 1 and -t 2 give the same bytes);
 * records the server served from the previous record's cache stay with it (transcripts/chains.py), and a
-  unit resumed in the middle is warmed up from its start.
+  unit resumed in the middle is warmed up from its start; a server whose drafter keeps state across
+  requests (ngram-mod) makes the file one unit.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import cli_command, recover_in_subprocess, tiny_jsonl
 
+from replay.commands.trace_state import keeps_state
 from replay.errors import Exit
 from replay.llamacpp.models import tiny_target
 from replay.transcripts.chains import SHARED_CHARS, Unit, chains, plan_units
@@ -236,3 +238,16 @@ def test_resuming_inside_a_chain_warms_up_from_where_its_dependency_starts():
     assert units[0].work == (2,)
     # a finished record nothing later depends on is not evaluated again
     assert plan_units(rs, finished={3}) == [Unit((0, 1, 2))]
+
+
+def test_a_server_whose_drafter_keeps_state_across_requests_makes_the_file_one_unit():
+    """ngram-mod's table (the server's), a slot's n-gram map, a probabilistic draft sampler: every record
+    continues what the ones before it left, so the loop is replayed over the file in order, and a resumed
+    run rebuilds that state from the file's start (commands/trace_state.py keeps_state)."""
+    rs = [rec(0, "a"), rec(1, "b"), rec(2, "c")]
+    assert keeps_state(rs, {"spec_types": ("ngram-mod",)}) and keeps_state(rs, {"spec_types": ("ngram-map-k",)})
+    assert keeps_state(rs, {"spec_types": ("draft-simple",), "draft_sampling": "probabilistic"})
+    assert not keeps_state(rs, {"spec_types": ("draft-simple",)}) and not keeps_state(rs, {})
+    assert plan_units(rs) == [Unit((0,)), Unit((1,)), Unit((2,))]
+    assert plan_units(rs, keeps_state=True) == [Unit((0, 1, 2))]
+    assert plan_units(rs, finished={0, 1}, keeps_state=True) == [Unit((0, 1, 2), frozenset({0, 1}))]

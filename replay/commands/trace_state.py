@@ -72,6 +72,22 @@ def _joins_its_slot(types: set[str], draft_sampling: str, temp: float, drafted: 
     return False
 
 
+def keeps_state(records: Sequence[Record], flags: Mapping[str, Any]) -> bool:
+    """Does the server's drafter keep state from one request to the next (module docstring: ngram-mod's
+    table, a slot's n-gram maps, draft-simple's probabilistic draft sampler) for any of `records`? Then
+    recover replays the server's loop over them in file order, as one unit (transcripts/chains.py).
+
+    >>> keeps_state([], {"spec_types": ("ngram-mod",)})
+    False
+    """
+    for rec in records:
+        spec = resolve("speculative", flags=dict(flags), recorded=rec.flags, props=rec.props)
+        types = set(spec.spec_types)
+        if types & (SERVER_WIDE | PER_SLOT) or ("draft-simple" in types and spec.draft_sampling == "probabilistic"):
+            return True
+    return False
+
+
 def trace_units(records: Sequence[Record], flags: Mapping[str, Any],
                 model_meta: Callable[[str], str | None]) -> list[Unit]:
     """The records in units that share no server state (module docstring), largest first."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from replay.commands.trace_state import keeps_state
 from replay.errors import Exit, OutputExistsError, SpecReplayError, UsageError
 from replay.report.pages import write_page
 from replay.report.recovery import RecoverResult, write_report
@@ -224,15 +225,15 @@ def recover_journaled(inputs: Inputs, engine: EngineChoice, task: RecoverTask, o
     if done > len(records):
         raise UsageError(f"{journal.path} has {done} records but the input only {len(records)}")
     finished = set(range(done)) | set(journal.ahead)
-    units = plan_units(records, finished)
+    units = plan_units(records, finished, keeps_state(records, engine.flags(task.flags)))
     parallel = workers > 1 or ray_address is not None
     job = Job(inputs, engine, task)  # the server's -t is a value setting, not a worker's share of the cores
     writer = InOrder(journal, done)
     results: list[Done] = []
     failed: list[Done] = []
     if parallel and len(units) < workers:
-        say(f"note: {len(records) - len(finished)} records form {len(units)} unit(s) of work (records the server "
-            "served from the previous one's cache stay together): fewer than --workers")
+        say(f"note: {len(records) - len(finished)} records form {len(units)} unit(s) of work (records that continue "
+            "what the server kept from the one before, its cache or drafter, stay together): fewer than --workers")
     try:
         def on_done(d: Done) -> bool:
             results.append(d)

@@ -3,7 +3,9 @@
 Rule: record k depends on record k-1 when the server took prompt tokens from its slot's cache
 (timings.cache_n > 0): those KV cells were computed while serving k-1, and the replay reproduces them
 bit for bit only by evaluating k-1 first in the same context (schedule/prefix.py: plan_prefix, "server
-cache"). Records that merely share a prompt prefix are independent (keeping the prefix is a speed-up,
+cache"); and every record depends on the one before it when the server's drafter keeps state across
+requests (`keeps_state`: ngram-mod's table, a slot's n-gram maps, a probabilistic draft sampler:
+commands/trace_state.py), which the server's loop replayed over the file in order continues. Records that merely share a prompt prefix are independent (keeping the prefix is a speed-up,
 exact either way), but are kept together too when they share at least SHARED_CHARS of prompt text, so
 the speed-up survives sharding. A chain is a maximal run of records joined by these rules; a unit is
 a chain, or, when resuming, what is left of one, warmed up by evaluating its finished head again
@@ -64,13 +66,14 @@ def depends_on_previous(prev: Record, rec: Record) -> bool:
     return bool(cached)
 
 
-def chains(records: Sequence[Record]) -> list[tuple[int, int]]:
-    """[start, end) index ranges of the file's chains, in order, covering every record."""
+def chains(records: Sequence[Record], keeps_state: bool = False) -> list[tuple[int, int]]:
+    """[start, end) index ranges of the file's chains, in order, covering every record; with
+    `keeps_state` (the server's drafter keeps state across requests), one chain."""
     out: list[tuple[int, int]] = []
     start = 0
     texts = [_prompt_text(r) for r in records]
     for k in range(1, len(records)):
-        joined = depends_on_previous(records[k - 1], records[k]) or \
+        joined = keeps_state or depends_on_previous(records[k - 1], records[k]) or \
             _shared(texts[k - 1], texts[k]) >= SHARED_CHARS
         if not joined:
             out.append((start, k))
@@ -80,18 +83,29 @@ def chains(records: Sequence[Record]) -> list[tuple[int, int]]:
     return out
 
 
-def plan_units(records: Sequence[Record], finished: set[int] | frozenset[int] = frozenset()) -> list[Unit]:
+def plan_units(records: Sequence[Record], finished: set[int] | frozenset[int] = frozenset(),
+               keeps_state: bool = False) -> list[Unit]:
     """The units left when the records in `finished` are done: each chain's unfinished records, with
     the finished ones a later unfinished record depends on (transitively) evaluated again before it.
-    Largest first, so that N evaluators finish together as nearly as the chains allow."""
+    Largest first, so that N evaluators finish together as nearly as the chains allow.
+
+    >>> from replay.transcripts.readers import read_text
+    >>> recs = read_text("\\n".join('{"endpoint": "/completion", "request": {"prompt": "%s"}, '
+    ...                               '"response": {"content": "x"}}' % p for p in "abc"), "t.jsonl")
+    >>> [u.records for u in plan_units(recs)], [u.records for u in plan_units(recs, keeps_state=True)]
+    ([(0,), (1,), (2,)], [(0, 1, 2)])
+    >>> u = plan_units(recs, {0, 1}, keeps_state=True)[0]   # resumed: the table is rebuilt, not resent
+    >>> u.records, sorted(u.finished)
+    ((0, 1, 2), [0, 1])
+    """
     units = []
-    for a, b in chains(records):
+    for a, b in chains(records, keeps_state):
         if all(k in finished for k in range(a, b)):
             continue
         needed = [False] * (b - a)  # finished record k is re-evaluated for a later one
         for k in range(b - 2, a - 1, -1):
             nxt = k + 1
-            needed[k - a] = depends_on_previous(records[k], records[nxt]) and \
+            needed[k - a] = (keeps_state or depends_on_previous(records[k], records[nxt])) and \
                 (nxt not in finished or needed[nxt - a])
         order = tuple(k for k in range(a, b) if k not in finished or needed[k - a])
         units.append(Unit(order, frozenset(k for k in order if k in finished)))

@@ -14,13 +14,14 @@ import json
 import math
 
 import pytest
+from cli_helpers import run
 from tiers import default_and_wide
 
 from replay.commands.record import RequestItem, record_one
 from replay.llamacpp.process import LlamaServer, ServerConfig
 from replay.run.recover import recover
 from replay.transcripts.entries import sent_entries
-from replay.transcripts.format import dumps, stream_objects
+from replay.transcripts.format import dumps, final_response, stream_objects
 
 pytestmark = [pytest.mark.build, pytest.mark.live_server, pytest.mark.model]
 TOL = 5e-4
@@ -120,6 +121,43 @@ def test_ngram_mod_transcript_recovers(ngram_mod_server, start_server, patched, 
     for f, t in zip(fixed, truth):
         assert abs(f.logprob - t.logprob) <= TOL
         assert [x[0] for x in f.top] == [x[0] for x in t.top]
+
+
+STORY = ("The lighthouse keeper climbed the stairs every night at nine, lit the lamp, and wrote the weather "
+         "in his book. ") * 16
+
+
+def test_a_file_of_ngram_mod_chat_streams_recovers_over_the_table_the_server_kept(ngram_mod_server, start_server,
+                                                                                  patched, smollm2, tmp_path):
+    """ngram-mod's table is the server's, kept across requests: `recover FILE -o OUT` replays the server's loop
+    over the file's records in order, as one unit of work (transcripts/chains.py keeps_state), or the second
+    record drafts from a fresh table. A chat stream's speculative chunks carry text and no ids: the loop's
+    tokens are matched to each chunk's text (comparison/trace.py items_of_emitted). Truth: the patched server
+    sent the same requests in the same order."""
+    def chat(n: int, temp: float, stream: bool) -> dict:
+        return {"messages": [{"role": "user", "content": STORY[:n] + " Repeat the story exactly."}],
+                "max_tokens": 64, "logprobs": True, "top_logprobs": 3, "temperature": temp, "seed": 1,
+                "stream": stream}
+    shapes = [(600, 0.0), (1700, 0.0), (1700, 1.0)]
+    block = ngram_mod_server.config.flags_block()
+    spec = [record_one(ngram_mod_server.url, RequestItem("/v1/chat/completions", chat(n, t, True)), block)
+            for n, t in shapes]
+    truth_server = start_server(ngram_mod_server.config, binary=patched.server)
+    truth = [record_one(truth_server.url, RequestItem("/v1/chat/completions", chat(n, t, False)), block)
+             for n, t in shapes]
+    assert all((final_response(r) or {})["timings"]["draft_n_accepted"] > 0 for r in spec[:2]), "no drafts"
+    src, out = tmp_path / "chats.jsonl", tmp_path / "fixed.jsonl"
+    src.write_text("".join(dumps(r, indent=None) + "\n" for r in spec))
+    r = run("recover", str(src), "-m", str(smollm2), "-o", str(out))
+    assert r.exit_code == 0, r.output
+    assert "approximate" not in r.stderr, r.stderr
+    for fixed, want in zip((json.loads(line) for line in out.read_text().splitlines()), truth):
+        got, real = _probs(fixed), _probs(want)
+        assert [p.id for p in got] == [p.id for p in real]
+        for f, t in zip(got, real):
+            assert abs(f.logprob - t.logprob) <= TOL
+            assert [x[0] for x in f.top] == [x[0] for x in t.top]
+            assert all(abs(x[2] - y[2]) <= TOL for x, y in zip(f.top, t.top))
 
 
 def test_real_values_come_out_ok_and_unchanged(plain_server, smollm2, tmp_path):

@@ -11,10 +11,11 @@ tables), decodes the server's verify batches and restores its checkpoints step b
 that scored it, which is what a server patched to report real probabilities sends.
 
 Those values are used only on evidence that the replay ran the server's batches: it emitted the
-transcript's tokens, and its draft totals equal the server's (timings.draft_n, draft_n_accepted) where
+transcript's tokens (where a chat stream sent text without ids, tokens that spell each chunk's text,
+ending at its end), and its draft totals equal the server's (timings.draft_n, draft_n_accepted) where
 the server sent them; the caller then holds every real entry to the full tolerance. Where the loop
-cannot be replayed (no draft model file here, tokens given as text, server state left by records this
-replay did not loop), `LoopValues.values` says why, and recover keeps its approximate values.
+cannot be replayed (no draft model file here, server state left by records this replay did not
+loop), `LoopValues.values` says why, and recover keeps its approximate values.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from replay.commands.trace import Drafts, trace_read
 from replay.commands.trace_state import PER_SLOT, SERVER_WIDE, ServerState
+from replay.comparison.trace import items_of_emitted
 from replay.errors import ModelError, SpecReplayError
 from replay.evaluation.walk import Truth
 from replay.loop.replayable import drafts_with_model
@@ -30,7 +32,6 @@ from replay.runtime.llama import Model
 from replay.schedule.prefix import FRESH, Prefix
 from replay.settings import draft_thread_count
 from replay.settings.config import thread_count
-from replay.transcripts.plan import Known
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,6 @@ class LoopValues:
         if not read.speculative or not (types or drafts_with_model(spec, read.shape.era)):
             self.skip()
             return Looped(None, "the transcript does not say how the server drafted (give its --spec-type)")
-        if not all(isinstance(item, Known) for item in read.plan):
-            self.skip()
-            return Looped(None, "its tokens are text without ids, which the loop's tokens cannot be matched to")
         if self._state is None:
             if self._gap and (read.cached or types & (SERVER_WIDE | PER_SLOT)):
                 return Looped(None, "it continues what earlier records left on the server (the prompt cache or an "
@@ -131,9 +129,17 @@ class LoopValues:
             return Looped(None, f"the server took {read.cached} prompt tokens from its cache, which the loop replay "
                                 "does not hold (requests it did not replay left them)", res.draft_n,
                           res.draft_n_accepted)
+        # a gap (a chat stream's speculative chunk: text without ids) stands for the loop's tokens that
+        # spell it; the loop emitted the transcript's text at its chunk boundaries and its draft totals
+        items = items_of_emitted([e.id for e in res.emitted], read.plan,
+                                 lambda t: self.target.piece(t, special=False))
+        if items is None:
+            self.skip()
+            return Looped(None, "the loop replay's tokens do not spell the transcript's text", res.draft_n,
+                          res.draft_n_accepted)
         n = read.n_probs
         out = []
-        for k, (item, e) in enumerate(zip(read.plan, res.emitted)):
+        for k, (item, e) in enumerate(zip(items, res.emitted)):
             out.append(Truth(index=k, id=e.id, item=item, logprob=e.logprob, top=list(e.top[:n]),
                              post_prob=e.post_prob if read.post else None,
                              post_top=list(e.post_top[:n]) if read.post else None))

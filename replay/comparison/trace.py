@@ -3,6 +3,7 @@ the trace's results (the loop ran in commands/trace.py).
 
     TraceResult             the loop's steps and emitted tokens, the comparison and its explanation
     compare_with_plan       the first emitted token that disagrees with the transcript (ids, or text)
+    items_of_emitted        the plan item each emitted token stands for
     explain                 numerics or the loop at the first divergence (divergence.py's rules)
     drafts_shared/_differ   why every token can match while the draft totals do not
 """
@@ -140,6 +141,39 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
     if i == len(ids) or (stream and i == len(ids) - 1 and target.is_eog(ids[i])):
         return None
     return i
+
+
+def items_of_emitted(ids: Sequence[int], plan: Plan, piece: Callable[[int], bytes]) -> list | None:
+    """The plan item each emitted token stands for, walking the plan as compare_with_plan does: a Known
+    item is one token with its id; a gap is the tokens whose pieces spell its text, ending on a token
+    boundary. None where they do not line up; a final token past the plan (a stream sends nothing for a
+    final end-of-generation token) has no item.
+
+    >>> from replay.transcripts.plan import Gap, Known
+    >>> pieces = {1: b"a", 4: b"b", 5: b"cd"}
+    >>> plan = (Known(1, None), Gap(b"bcd", "", None))
+    >>> [type(i).__name__ for i in items_of_emitted([1, 4, 5], plan, pieces.__getitem__)]
+    ['Known', 'Gap', 'Gap']
+    >>> items_of_emitted([1, 5], plan, pieces.__getitem__) is None
+    True
+    """
+    out: list = []
+    i = 0
+    for item in plan:
+        if isinstance(item, Known):
+            if i >= len(ids) or ids[i] != item.id:
+                return None
+            out.append(item)
+            i += 1
+            continue
+        text = b""
+        while len(text) < len(item.data) and i < len(ids):
+            text += piece(ids[i])
+            out.append(item)
+            i += 1
+        if text != item.data:
+            return None
+    return out
 
 
 def real_value_pairs(res: TraceResult, sent: Sequence[SentEntry], upto: int | None = None) -> list[tuple[float, float]]:

@@ -11,8 +11,9 @@ sent the same requests in the same order, one at a time.
     is filled;
   - SIGTERM while a replay runs: the request held is answered, then the proxy exits 0.
 - ngram-mod (its table kept across requests, server-wide) and MTP heads (draft-mtp: the heads' carry kept
-  across requests): requests in turn, each the patched server's values; the proxy replays what the server
-  kept from one to the next.
+  across requests): requests in turn, sync and whole then async and streamed, each the patched server's
+  values; the proxy replays what the server kept from one to the next. ngram-mod's chat streams too,
+  whose speculative chunks carry text and no ids.
 - Gemma 3 (sliding-window attention: a target that cannot drop a suffix, so the server's loop is replayed),
   default flags: the patched server's values.
 - Sampling defaults from the model file and a sampling flag on the server's command line, requests that
@@ -31,7 +32,8 @@ import urllib.request
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from proxy_helpers import assert_same, completion_values, native_values, running_proxy, values, workers_of
+from proxy_helpers import (assert_same, completion_values, native_values, running_proxy, streamed, values,
+                           workers_of)
 
 from replay.llamacpp.models import smollm2_with_defaults
 from replay.llamacpp.process import LlamaServer, ServerConfig
@@ -236,6 +238,28 @@ def test_ngram_mod_requests_in_turn_get_the_patched_servers_values(module_server
               for n in (600, 1700)]  # the second past 256 positions: the loop's values, from the table
     in_turn(module_server, patched, cfg, ["-m", smollm2, "--spec-type", "ngram-mod", "-np", 1, *server_cpu],
             bodies, tmp_path / "log")
+
+
+def test_ngram_mod_chat_streams_in_turn_get_the_patched_servers_values(module_server, patched, smollm2, server_cpu,
+                                                                     tmp_path):
+    """A chat stream's speculative chunks carry text and no ids; past 256 positions ngram-mod's verify
+    batches reach 64 rows, so the proxy replays the server's loop over the table the server kept from the
+    request before, and matches the loop's tokens to each chunk's text."""
+    cfg = ServerConfig(smollm2, spec_types=("ngram-mod",))
+    bodies = [dict(model="m", messages=[{"role": "user", "content": STORY[:n] + " Repeat the story exactly."}],
+                   max_tokens=64, temperature=0.0, seed=1, logprobs=True, top_logprobs=3,
+                   extra_body={"cache_prompt": False}) for n in (600, 1700)]
+    plain, truth = module_server(cfg), module_server(cfg, binary=patched.server)
+
+    async def through(url: str) -> list:
+        async with AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=900) as c:
+            return [streamed([ch async for ch in await c.chat.completions.create(**b, stream=True)]) for b in bodies]
+    with running_proxy(plain.url, ["-m", smollm2, "--spec-type", "ngram-mod", "-np", 1, *server_cpu],
+                       tmp_path / "log") as url:
+        got = asyncio.run(through(url))
+    client = OpenAI(base_url=truth.url + "/v1", api_key="none", max_retries=0, timeout=900)
+    for g, b in zip(got, bodies):
+        assert_same(g, values(client.chat.completions.create(**b).choices[0]))
 
 
 def test_mtp_heads_requests_in_turn_get_the_patched_servers_values(module_server, patched, server_cpu, tmp_path):

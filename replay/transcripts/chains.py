@@ -5,9 +5,10 @@ Rule: record k depends on record k-1 when the server took prompt tokens from its
 bit for bit only by evaluating k-1 first in the same context (schedule/prefix.py: plan_prefix, "server
 cache"); and every record depends on the one before it when the server's drafter keeps state across
 requests (`keeps_state`: ngram-mod's table, a slot's n-gram maps, a probabilistic draft sampler:
-commands/trace_state.py), which the server's loop replayed over the file in order continues. Records that merely share a prompt prefix are independent (keeping the prefix is a speed-up,
-exact either way), but are kept together too when they share at least SHARED_CHARS of prompt text, so
-the speed-up survives sharding. A chain is a maximal run of records joined by these rules; a unit is
+commands/trace_state.py), which the server's loop replayed over the file in order continues. Records
+that merely share a prompt prefix are independent (keeping the prefix is a speed-up, exact either
+way), but are kept together too when they share at least SHARED_CHARS of prompt text, so the speed-up
+survives sharding. A chain is a maximal run of records joined by these rules; a unit is
 a chain, or, when resuming, what is left of one, warmed up by evaluating its finished head again
 without writing it.
 """

@@ -128,6 +128,7 @@ def test_no_repack_is_a_setting_spelled_as_llama_server_spells_it():
 def test_the_repack_a_transcript_says_is_taken_and_records_that_disagree_are_refused():
     from replay.run.kernels.policy import recorded_repack, repack_modes
     from replay.errors import TranscriptError
+    from replay.settings.table import RecordedFlags
     from replay.transcripts.readers import Record
 
     def rec(flags):
@@ -135,6 +136,8 @@ def test_the_repack_a_transcript_says_is_taken_and_records_that_disagree_are_ref
     assert repack_modes({}, [rec({"--no-repack": True})]) == ([False], "server.flags")
     assert repack_modes({"no_repack": False}, [rec({"--no-repack": True})]) == ([True], "command line")
     assert repack_modes({}, [rec({"--spec-type": ["ngram-mod"]})]) == ([True, False], "probed")
+    legacy = RecordedFlags({"--no-repack": True}, where="server.speculative")  # read from a legacy file's block
+    assert repack_modes({}, [rec(legacy)]) == ([False], "server.speculative")
     with pytest.raises(TranscriptError, match="recover them separately"):
         recorded_repack([rec({"--no-repack": True}), rec({"--no-repack": False})])
 

@@ -37,6 +37,7 @@ from replay.runtime.engine import KernelChoice, Tried
 from replay.runtime.server_cpu import server_variant
 from replay.runtime.variants import VARIANTS, host_cpu_flags, runnable, variants_in
 from replay.settings import resolve
+from replay.settings.table import recorded_where
 from replay.transcripts.entries import n_prompt_cached
 from replay.transcripts.readers import Record, shared_evidence
 
@@ -69,8 +70,8 @@ def repack_modes(flags: dict, records: list[Record]) -> tuple[list[bool], str]:
     if flags.get("no_repack") is not None:
         return [not flags["no_repack"]], "command line"
     recorded = recorded_repack(records)
-    if recorded is not None:
-        return [recorded], "server.flags"
+    if recorded is not None:  # the block it was read from: server.flags, or a legacy file's server.speculative
+        return [recorded], next(recorded_where(r.flags) for r in records if r.flags and "--no-repack" in r.flags)
     return [True, False], "probed"
 
 

@@ -117,27 +117,10 @@ def compare_with_plan(ids: Sequence[int], plan: Plan, target: Model, *, stream: 
     of tokens that ended in incomplete UTF-8) must be exactly the text of the next emitted tokens,
     ending on a token boundary, so a stream is compared chunk by chunk. A stream sends nothing for
     a final end-of-generation token, so the trace may emit one more."""
-    i = 0
-    for item in plan:
-        if isinstance(item, Known):
-            if i >= len(ids) or ids[i] != item.id:
-                return i
-            i += 1
-            continue
-        start, text = i, b""
-        while len(text) < len(item.data) and i < len(ids):
-            text += target.piece(ids[i], special=False)
-            i += 1
-        if text != item.data:
-            if item.data.startswith(text):
-                return i  # the trace ended inside the gap
-            # the first token whose bytes leave the gap's text
-            acc = b""
-            for k in range(start, i):
-                acc += target.piece(ids[k], special=False)
-                if not item.data.startswith(acc) or k == i - 1:
-                    return k
-            return start
+    items, parted = _aligned(ids, plan, lambda t: target.piece(t, special=False))
+    if parted is not None:
+        return parted
+    i = len(items)
     if i == len(ids) or (stream and i == len(ids) - 1 and target.is_eog(ids[i])):
         return None
     return i
@@ -157,23 +140,33 @@ def items_of_emitted(ids: Sequence[int], plan: Plan, piece: Callable[[int], byte
     >>> items_of_emitted([1, 5], plan, pieces.__getitem__) is None
     True
     """
-    out: list = []
+    items, parted = _aligned(ids, plan, piece)
+    return items if parted is None else None
+
+
+def _aligned(ids: Sequence[int], plan: Plan, piece: Callable[[int], bytes]) -> tuple[list, int | None]:
+    """(the plan item of each emitted token while they line up, the index of the first token that does
+    not: a wrong id, the token whose bytes leave a gap's text, or len(ids) where the tokens end inside a
+    gap or before the plan's end; None where the whole plan is spelled)."""
+    items: list = []
     i = 0
     for item in plan:
         if isinstance(item, Known):
             if i >= len(ids) or ids[i] != item.id:
-                return None
-            out.append(item)
+                return items, i
+            items.append(item)
             i += 1
             continue
         text = b""
-        while len(text) < len(item.data) and i < len(ids):
+        while len(text) < len(item.data):
+            if i >= len(ids):
+                return items, i  # the trace ended inside the gap
             text += piece(ids[i])
-            out.append(item)
+            if not item.data.startswith(text):
+                return items, i  # this token's bytes leave the gap's text
+            items.append(item)
             i += 1
-        if text != item.data:
-            return None
-    return out
+    return items, None
 
 
 def real_value_pairs(res: TraceResult, sent: Sequence[SentEntry], upto: int | None = None) -> list[tuple[float, float]]:

@@ -236,7 +236,9 @@ def chunk_ids(endpoint: str, c: dict) -> list[int]:
     >>> chunk_ids("/v1/chat/completions", {"choices": [{"delta": {"content": " lit"}}]})
     []
     """
-    holder = c if endpoint == NATIVE else c.get("__verbose") if endpoint != CHAT else None
+    if endpoint == CHAT:
+        return []
+    holder = c if endpoint == NATIVE else c.get("__verbose")
     ids = holder.get("tokens") if isinstance(holder, dict) else None
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
         return []
